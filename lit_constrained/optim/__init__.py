@@ -1,0 +1,2 @@
+"""Constrained and adaptive stochastic optimizers (pure PyTorch, no Lightning import)."""
+
