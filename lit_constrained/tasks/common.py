@@ -1,0 +1,131 @@
+"""Small helpers shared by the physics tasks: the MLP builder, dtype names, data caching, figures.
+
+Nothing here knows about a particular problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+DTypeName = Literal["float32", "float64"]
+BatchMode = Literal["full", "minibatch"]
+
+#: default location of generated datasets (git-ignored)
+DEFAULT_CACHE_DIR = Path("data") / "cache"
+
+
+def mlp(
+    in_dim: int,
+    hidden: int,
+    depth: int,
+    out_dim: int,
+    activation: Callable[[], nn.Module] = nn.Tanh,
+) -> nn.Sequential:
+    """A fully connected network ``in_dim -> hidden x depth -> out_dim``.
+
+    ``depth`` is the number of hidden layers; each is ``Linear`` followed by ``activation()``; the
+    output layer is linear. Weights use PyTorch's default ``nn.Linear`` initialization (seed it
+    with ``torch.manual_seed`` / ``seed_everything`` before building).
+
+    Example:
+        >>> net = mlp(1, 32, 3, 1)
+        >>> sum(p.numel() for p in net.parameters())
+        2209
+    """
+    for name, value in (("in_dim", in_dim), ("hidden", hidden), ("out_dim", out_dim)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"mlp: {name} must be a positive integer, got {value!r}.")
+    if not isinstance(depth, int) or depth < 0:
+        raise ValueError(f"mlp: depth (number of hidden layers) must be an integer >= 0, got {depth!r}.")
+    layers: list[nn.Module] = []
+    width = in_dim
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), activation()]
+        width = hidden
+    layers.append(nn.Linear(width, out_dim))
+    return nn.Sequential(*layers)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"float32"`` / ``"float64"`` to the torch dtype, with a clear error otherwise."""
+    table = {"float32": torch.float32, "float64": torch.float64}
+    if name not in table:
+        raise ValueError(f"dtype must be one of {sorted(table)}, got {name!r}.")
+    return table[name]
+
+
+def check_batch_mode(batch_mode: str, batch_fraction: float) -> None:
+    """Validate the ``batch_mode`` / ``batch_fraction`` pair of a DataModule or task."""
+    if batch_mode not in ("full", "minibatch"):
+        raise ValueError(f"batch_mode must be 'full' or 'minibatch', got {batch_mode!r}.")
+    if not (isinstance(batch_fraction, (int, float)) and 0.0 < float(batch_fraction) <= 1.0):
+        raise ValueError(f"batch_fraction must lie in (0, 1], got {batch_fraction!r}.")
+
+
+def cache_key(name: str, args: Mapping[str, Any]) -> str:
+    """A short stable hash of the generation arguments (used as the cache file name)."""
+    text = json.dumps({"name": name, **args}, sort_keys=True, default=str)
+    return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def cached_arrays(
+    name: str,
+    args: Mapping[str, Any],
+    generate: Callable[[], dict[str, np.ndarray]],
+    cache_dir: str | Path | None = DEFAULT_CACHE_DIR,
+) -> dict[str, np.ndarray]:
+    """Load arrays from ``cache_dir/<name>-<hash(args)>.npz``, generating and saving them if absent.
+
+    ``cache_dir=None`` disables the cache (always generate). The file is written atomically
+    (temporary name, then rename), so concurrent ranks never read a half-written file.
+    """
+    if cache_dir is None:
+        return generate()
+    path = Path(cache_dir) / f"{cache_key(name, args)}.npz"
+    if path.exists():
+        with np.load(path) as data:
+            return {k: data[k] for k in data.files}
+    arrays = generate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.stem}.{np.random.SeedSequence().entropy % 10**12}.tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+    return arrays
+
+
+def input_grad(out: Tensor, inp: Tensor) -> Tensor:
+    """d out / d inp for a batch where row i of ``out`` depends only on row i of ``inp``.
+
+    ``out`` is (N,) or (N, 1); returns (N, d_in), differentiable (``create_graph=True``).
+    """
+    (grad,) = torch.autograd.grad(
+        out, inp, grad_outputs=torch.ones_like(out), create_graph=True, allow_unused=False
+    )
+    return grad
+
+
+def log_figure(module: Any, tag: str, figure: Any) -> bool:
+    """Add a matplotlib figure to the module's TensorBoard logger, if it has one; close it.
+
+    Returns whether it was logged.
+    """
+    import matplotlib.pyplot as plt
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    logged = False
+    trainer = getattr(module, "_trainer", None)
+    loggers = trainer.loggers if trainer is not None else []
+    for logger in loggers:
+        if isinstance(logger, TensorBoardLogger):
+            logger.experiment.add_figure(tag, figure, global_step=trainer.global_step)
+            logged = True
+    plt.close(figure)
+    return logged
