@@ -1,0 +1,39 @@
+"""torchmetrics Metrics for constraint violation, correct under DDP (synced value = value on the union).
+
+``functional`` holds the one-shot functions; the classes accumulate over batches and ranks.
+"""
+
+from . import functional
+from ._base import ViolationMetric
+from .functional import (
+    relative_violation,
+    violation_l1,
+    violation_l2,
+    violation_max,
+    violation_mean,
+    violation_norm,
+)
+from .max_violation import MaxViolation
+from .mean_violation import MeanViolation
+from .norm_violation import L1Violation, L2Violation
+from .registry import VIOLATION_METRICS, build_violation_metric, check_metric_names
+from .relative_violation import RelativeViolation
+
+__all__ = [
+    "VIOLATION_METRICS",
+    "L1Violation",
+    "L2Violation",
+    "MaxViolation",
+    "MeanViolation",
+    "RelativeViolation",
+    "ViolationMetric",
+    "build_violation_metric",
+    "check_metric_names",
+    "functional",
+    "relative_violation",
+    "violation_l1",
+    "violation_l2",
+    "violation_max",
+    "violation_mean",
+    "violation_norm",
+]
