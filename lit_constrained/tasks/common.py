@@ -129,3 +129,92 @@ def log_figure(module: Any, tag: str, figure: Any) -> bool:
             logged = True
     plt.close(figure)
     return logged
+
+
+# ---------------------------------------------------------------------------------------------
+# Data loading: rows sampled by index, fixed tensors attached to every batch
+# ---------------------------------------------------------------------------------------------
+
+
+class IndexDataset(torch.utils.data.Dataset):
+    """The integers ``0 .. n-1``: a sampler (and Lightning's distributed sampler) picks row indices,
+    :class:`RowCollate` turns a list of them into a batch by slicing whole tensors at once."""
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"IndexDataset needs at least one row, got n={n}.")
+        self.n = int(n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return int(i)
+
+
+class RowCollate:
+    """Collate row indices into a dict batch: ``rows[key][idx]`` for each row tensor, plus the
+    ``fixed`` tensors unchanged (points every batch needs whole, e.g. the constraint points, which
+    must be the same on every rank). Picklable, so it works with worker processes and spawn."""
+
+    def __init__(self, rows: Mapping[str, Tensor], fixed: Mapping[str, Tensor] | None = None) -> None:
+        sizes = {k: v.shape[0] for k, v in rows.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"RowCollate: row tensors must have the same first dimension, got {sizes}.")
+        self.rows = dict(rows)
+        self.fixed = dict(fixed or {})
+
+    def __call__(self, indices: list[int]) -> dict[str, Tensor]:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        batch = {k: v[idx] for k, v in self.rows.items()}
+        batch.update(self.fixed)
+        return batch
+
+
+def row_loader(
+    n_rows: int,
+    collate: RowCollate,
+    batch_mode: str,
+    batch_fraction: float,
+    shuffle: bool,
+    num_workers: int = 0,
+) -> torch.utils.data.DataLoader:
+    """Full batch: one batch per epoch holding every row. Mini-batch: batches of
+    ``ceil(batch_fraction * n_rows)`` rows, reshuffled every epoch (the last one may be smaller).
+    Under DDP Lightning swaps in a distributed sampler, which shards the rows over ranks."""
+    check_batch_mode(batch_mode, batch_fraction)
+    if batch_mode == "full":
+        batch_size = n_rows
+    else:
+        batch_size = max(1, int(np.ceil(batch_fraction * n_rows)))
+    return torch.utils.data.DataLoader(
+        IndexDataset(n_rows),
+        batch_size=batch_size,
+        shuffle=shuffle and batch_mode == "minibatch",
+        collate_fn=collate,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )
+
+
+def cast_floats(batch: Any, dtype: torch.dtype) -> Any:
+    """Cast every floating tensor of a (nested dict/list) batch to ``dtype``."""
+    if isinstance(batch, Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, Mapping):
+        return {k: cast_floats(v, dtype) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(cast_floats(v, dtype) for v in batch)
+    return batch
+
+
+def autograd_batch(batch: Any) -> Any:
+    """Copies of the batch's tensors that autograd accepts (validation runs in inference mode,
+    whose tensors cannot be saved for backward). Call inside ``torch.inference_mode(False)``."""
+    if isinstance(batch, Tensor):
+        return batch.clone() if batch.is_inference() else batch
+    if isinstance(batch, Mapping):
+        return {k: autograd_batch(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(autograd_batch(v) for v in batch)
+    return batch
