@@ -13,11 +13,11 @@ from .functional import (
     violation_mean,
     violation_norm,
 )
-from .max_violation import MaxViolation
-from .mean_violation import MeanViolation
-from .norm_violation import L1Violation, L2Violation
+from .maximum import MaxViolation
+from .mean import MeanViolation
+from .norms import L1Violation, L2Violation
 from .registry import VIOLATION_METRICS, build_violation_metric, check_metric_names
-from .relative_violation import RelativeViolation
+from .relative import RelativeViolation
 
 __all__ = [
     "VIOLATION_METRICS",

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ._base import ViolationMetric
-from .max_violation import MaxViolation
-from .mean_violation import MeanViolation
-from .norm_violation import L1Violation, L2Violation
-from .relative_violation import RelativeViolation
+from .maximum import MaxViolation
+from .mean import MeanViolation
+from .norms import L1Violation, L2Violation
+from .relative import RelativeViolation
 
 VIOLATION_METRICS: dict[str, type[ViolationMetric]] = {
     "max": MaxViolation,
