@@ -1,0 +1,215 @@
+r"""Log constraint-violation metrics on train (per step) and validation/test (per epoch).
+
+For each stage the callback keeps its own :mod:`lit_constrained.metrics` modules (on the module's device)
+and logs them under ``violation/<stage>/<name>``, ``<stage>`` in ``train``, ``val``, ``test`` and
+``<name>`` in ``max``, ``mean``, ``l1``, ``l2``, ``relative``:
+
+.. math::
+    \max_i |c_i|, \quad \frac{1}{m}\sum_i |c_i|, \quad \|c\|_1, \quad \|c\|_2, \quad
+    \frac{\|c\|_p}{\|c_0\|_p \ (\text{or } 1 \text{ if } \|c_0\|_p = 0)}.
+
+It reads the residuals from what the step hooks return (``{"objective": f, "constraints": c}``):
+
+* **train**: the training constraints are already the mean over ranks and the same on every rank, so
+  the train metrics never sync (``sync_on_compute=False``); each step's value is computed from that
+  step's residuals alone and logged on step.
+* **val / test**: each rank holds its own shard of a (possibly larger) constraint set, e.g. the residual
+  at all collocation points; the metrics accumulate over the epoch and sync across ranks when Lightning
+  computes them at epoch end, so the logged value is the value on the whole constraint set. One set of
+  metrics is kept per dataloader (Lightning adds ``/dataloader_idx_k`` to the keys).
+
+``relative`` divides by the first value it computes in its stage (the first training step; the first
+validation or test epoch, sanity checking excluded) unless a reference norm is given in ``references``;
+the references taken are saved in the callback's checkpoint state, so a resumed run keeps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor
+
+from lit_constrained.metrics import RelativeViolation, ViolationMetric, build_violation_metric, check_metric_names
+from lit_constrained.metrics.functional import check_norm_order, reference_norm
+
+__all__ = ["ConstraintViolationMonitor"]
+
+STAGES = ("train", "val", "test")
+
+
+class ConstraintViolationMonitor(Callback):
+    """Log constraint-violation metrics (see the module docstring for what is logged when).
+
+    Args:
+        metrics: which metrics to log, a subset of ``("max", "mean", "l1", "l2", "relative")``.
+        stages: where to log them, a subset of ``("train", "val", "test")``.
+        norm_order: the norm of the ``relative`` metric: 1, 2 or ``inf``.
+        references: optional reference norms :math:`\\|c_0\\|` for ``relative``, keyed by stage; a stage
+            without one takes its first computed value.
+        prog_bar: also show the metrics on the progress bar.
+    """
+
+    def __init__(
+        self,
+        metrics: Sequence[str] = ("max", "mean", "l1", "l2", "relative"),
+        stages: Sequence[str] = STAGES,
+        norm_order: float = 2.0,
+        references: dict[str, float] | None = None,
+        prog_bar: bool = False,
+    ) -> None:
+        super().__init__()
+        self.metric_names = check_metric_names(metrics)
+        stages = (stages,) if isinstance(stages, str) else tuple(stages)
+        bad = [s for s in stages if s not in STAGES]
+        if bad or not stages or len(set(stages)) != len(stages):
+            raise ValueError(f"Invalid stages {stages!r}: choose a non-empty subset of {STAGES} without repeats.")
+        self.stages = stages
+        self.norm_order = check_norm_order(norm_order)
+        references = dict(references or {})
+        bad = [s for s in references if s not in STAGES]
+        if bad:
+            raise ValueError(f"references has unknown stage(s) {bad}: key them by {STAGES}.")
+        # validate now (clear error at config time), keep as floats
+        self.references = {s: float(reference_norm(v, self.norm_order)) for s, v in references.items()}
+        self.prog_bar = prog_bar
+        # one ModuleDict of metrics per "<stage>_<dataloader_idx>", created on first use
+        self.metrics = torch.nn.ModuleDict()
+        self._restored_references: dict[str, float] = {}
+        self._warned: set[str] = set()
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(metrics=self.metric_names, stages=self.stages, norm_order=self.norm_order)
+
+    # ------------------------------------------------------------------------------------ metric store
+    def _stage_metrics(self, stage: str, dataloader_idx: int, pl_module: LightningModule) -> torch.nn.ModuleDict:
+        key = f"{stage}_{dataloader_idx}"
+        if key not in self.metrics:
+            sync = stage != "train"
+            group = torch.nn.ModuleDict()
+            for name in self.metric_names:
+                kwargs: dict[str, Any] = {"sync_on_compute": sync}
+                if name == "relative":
+                    kwargs["p"] = self.norm_order
+                group[name] = build_violation_metric(name, **kwargs)
+            self.metrics[key] = group.to(pl_module.device)
+            self._apply_reference(key)
+        return self.metrics[key]
+
+    def _apply_reference(self, key: str) -> None:
+        group = self.metrics[key]
+        if "relative" not in group:
+            return
+        metric = group["relative"]
+        assert isinstance(metric, RelativeViolation)
+        stage = key.rsplit("_", 1)[0]
+        if key in self._restored_references:
+            metric.set_reference(self._restored_references[key])
+        elif stage in self.references:
+            metric.set_reference(self.references[stage])
+
+    def _move_to(self, pl_module: LightningModule) -> None:
+        self.metrics.to(pl_module.device)
+
+    def _constraints_from(self, outputs: Any, stage: str) -> Tensor | None:
+        if isinstance(outputs, Mapping) and "constraints" in outputs:
+            c = outputs["constraints"]
+            if c is None or isinstance(c, Tensor):
+                return c
+            raise ValueError(
+                f"ConstraintViolationMonitor: the {stage} step returned constraints of type {type(c).__name__}; "
+                "return a 1-D tensor of residuals (or None when the task has none)."
+            )
+        if stage not in self._warned:
+            self._warned.add(stage)
+            rank_zero_warn(
+                f"ConstraintViolationMonitor: the {stage} step output has no 'constraints' entry "
+                f"(got {type(outputs).__name__}), so no {stage} violation is logged. Return "
+                '{"objective": f, "constraints": c} from the step (ConstrainedModule does).'
+            )
+        return None
+
+    # ------------------------------------------------------------------------------------------ hooks
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._move_to(pl_module)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._move_to(pl_module)
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._move_to(pl_module)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if "train" not in self.stages:
+            return
+        c = self._constraints_from(outputs, "train")
+        if c is None:
+            return
+        for name, metric in self._stage_metrics("train", 0, pl_module).items():
+            metric.update(c)
+            value = metric.compute()  # no sync: c is already the rank mean, identical on all ranks
+            metric.reset()
+            pl_module.log(f"violation/train/{name}", value, on_step=True, on_epoch=False, prog_bar=self.prog_bar)
+
+    def _evaluation_batch_end(self, stage: str, outputs: Any, dataloader_idx: int, pl_module: LightningModule) -> None:
+        if stage not in self.stages:
+            return
+        c = self._constraints_from(outputs, stage)
+        if c is None:
+            return
+        key = f"{stage}_{dataloader_idx}"
+        for name, metric in self._stage_metrics(stage, dataloader_idx, pl_module).items():
+            assert isinstance(metric, ViolationMetric)
+            metric.update(c)
+            # Lightning computes (synced across ranks) and resets the metric object at epoch end
+            pl_module.log(
+                f"violation/{stage}/{name}",
+                metric,
+                on_step=False,
+                on_epoch=True,
+                prog_bar=self.prog_bar,
+                metric_attribute=f"violation_monitor.{key}.{name}",
+            )
+
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if trainer.sanity_checking:  # a few batches only: not the constraint set, and not c_0
+            return
+        self._evaluation_batch_end("val", outputs, dataloader_idx, pl_module)
+
+    def on_test_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._evaluation_batch_end("test", outputs, dataloader_idx, pl_module)
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        refs: dict[str, float] = dict(self._restored_references)
+        for key, group in self.metrics.items():
+            if "relative" in group and group["relative"].reference is not None:
+                refs[key] = group["relative"].reference
+        return {"references": refs}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored_references = {k: float(v) for k, v in state_dict.get("references", {}).items()}
+        for key in self.metrics:
+            self._apply_reference(key)
