@@ -1,0 +1,1 @@
+from .violation import ConstraintViolationMonitor
