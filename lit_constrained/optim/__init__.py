@@ -1,2 +1,7 @@
 """Constrained and adaptive stochastic optimizers (pure PyTorch, no Lightning import)."""
 
+from .adam_con import AdamCon
+from .jacobian import constraint_jacobian
+from .nullspace import NullSpace
+from .sqp import SQPAdam, SQPHeavyBall
+from .constant_step_adam import ConstantStepAdam
