@@ -1,0 +1,301 @@
+r"""The 1D Burgers task (2601.11795 section 5.3): an operator-style MLP for periodic viscous Burgers.
+
+The network :math:`u_\theta(x, t, u_0)` (inputs: x, t and the initial condition on the 32 grid
+points, :math:`\mathbb{R}^{34}` -> 64 x 3 tanh -> u) is trained on many initial conditions
+:math:`u_0(x) = \sin(2\pi x + \xi\pi)` at once. With the PDE residual
+(input derivatives by nested ``torch.autograd.grad(create_graph=True)``)
+
+.. math::
+
+    r_\theta = \partial_t u_\theta + u_\theta\,\partial_x u_\theta - \nu\,\partial_{xx} u_\theta,
+
+the objective on a batch B of grid rows is
+
+.. math::
+
+    f(\theta) = w_r \operatorname{mean}_{B} r_\theta^2
+        + w_b \Big(\operatorname{mean}_{B \cap \{x = 0\}} (u_\theta(1, t) - u_\theta(0, t))^2
+                   + \operatorname{mean}_{B \cap \{t = 0\}} (u_\theta(x, 0) - u_0(x))^2\Big)
+        + w_d \operatorname{mean}_{B \cap D} (u_\theta - u)^2,
+
+with :math:`w_r = w_b = 10^{-3}`, :math:`w_d = 1` and D the 200 labelled rows per initial
+condition (an empty subset contributes 0). The hard constraints are the residual at m = 10 fixed
+training rows, :math:`c(\theta) = (r_\theta(z_1), \dots, r_\theta(z_m)) = 0`.
+
+Test metric: the relative L2 error :math:`\|u_\theta - u\|_2 / \|u\|_2` over all grid rows of the
+held-out initial conditions (``val/rel_l2``, ``test/rel_l2``). At the end of fit a figure of the
+true and predicted u(x, t) for an unseen initial condition (the paper's Figure 5) goes to
+TensorBoard. The data live in :mod:`lit_constrained.tasks.burgers_data` (re-exported here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torchmetrics
+from torch import Tensor
+
+from lit_constrained.module import ConstrainedModule
+from lit_constrained.tasks.burgers_data import (
+    NU,
+    BurgersData,
+    cole_hopf,
+    cole_hopf_grid,
+    generate_burgers,
+    grid,
+    initial_condition,
+    method_of_lines,
+)
+from lit_constrained.tasks.common import DTypeName, autograd_batch, cast_floats, log_figure, mlp, torch_dtype
+
+__all__ = [
+    "Burgers",
+    "BurgersData",
+    "Derivatives",
+    "RelativeL2Error",
+    "burgers_derivatives",
+    "burgers_residual",
+    "cole_hopf",
+    "cole_hopf_grid",
+    "generate_burgers",
+    "method_of_lines",
+]
+
+
+class Derivatives(NamedTuple):
+    """u and its input derivatives at N points, each of shape (N,)."""
+
+    u: Tensor
+    u_x: Tensor
+    u_t: Tensor
+    u_xx: Tensor
+
+
+def burgers_derivatives(u_fn: Callable[[Tensor], Tensor], inputs: Tensor) -> Derivatives:
+    """u, u_x, u_t, u_xx of ``u_fn`` at ``inputs`` (N, 2 + n_x) = [x, t, u0 on the grid].
+
+    Nested ``torch.autograd.grad(create_graph=True)``, so the results stay differentiable with
+    respect to whatever ``u_fn`` depends on (the weights). ``u_fn`` must act row-wise.
+    """
+    if inputs.dim() != 2 or inputs.shape[1] < 2:
+        raise ValueError(f"inputs must be (N, 2 + n_x) with columns [x, t, u0...], got {tuple(inputs.shape)}.")
+    with torch.enable_grad():
+        x = inputs[:, :1].detach().requires_grad_(True)
+        t = inputs[:, 1:2].detach().requires_grad_(True)
+        u = u_fn(torch.cat([x, t, inputs[:, 2:]], dim=1)).reshape(-1)
+        u_x, u_t = torch.autograd.grad(u, (x, t), grad_outputs=torch.ones_like(u), create_graph=True)
+        (u_xx,) = torch.autograd.grad(u_x, x, grad_outputs=torch.ones_like(u_x), create_graph=True)
+    return Derivatives(u, u_x.reshape(-1), u_t.reshape(-1), u_xx.reshape(-1))
+
+
+def burgers_residual(d: Derivatives, nu: float) -> Tensor:
+    """r = u_t + u u_x - nu u_xx, shape (N,)."""
+    return d.u_t + d.u * d.u_x - nu * d.u_xx
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``values[mask]``; 0 (still attached to the graph) when the mask is empty."""
+    count = mask.sum()
+    return torch.where(mask, values, torch.zeros_like(values)).sum() / count.clamp(min=1)
+
+
+class RelativeL2Error(torchmetrics.Metric):
+    r""":math:`\|\hat u - u\|_2 / \|u\|_2` over everything seen since the last reset (correct under DDP:
+    the two sums are reduced over ranks before the ratio).
+
+    Example:
+        >>> import torch
+        >>> metric = RelativeL2Error()
+        >>> metric.update(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 1.0]))
+        >>> metric.update(torch.tensor([3.0]), torch.tensor([1.0]))
+        >>> round(metric.compute().item(), 6)  # sqrt((0 + 1 + 4) / 3)
+        1.290994
+    """
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = False
+    error_sq: Tensor
+    reference_sq: Tensor
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("error_sq", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("reference_sq", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, prediction: Tensor, target: Tensor) -> None:
+        if prediction.shape != target.shape:
+            raise ValueError(f"prediction and target shapes differ: {tuple(prediction.shape)} vs {tuple(target.shape)}.")
+        self.error_sq += (prediction.double() - target.double()).square().sum()
+        self.reference_sq += target.double().square().sum()
+
+    def compute(self) -> Tensor:
+        return (self.error_sq / self.reference_sq.clamp(min=torch.finfo(torch.float64).tiny)).sqrt()
+
+
+class Burgers(ConstrainedModule):
+    """Periodic viscous Burgers: data fit + weighted PDE / boundary / initial terms, residual = 0 at m rows.
+
+    Pair it with :class:`BurgersData` (same ``n_x`` and ``nu``).
+
+    Args:
+        hidden: width of the hidden layers.
+        depth: number of hidden layers.
+        n_x: grid points of the initial-condition input (the input size is ``2 + n_x``).
+        nu: viscosity.
+        residual_weight: weight of the mean squared PDE residual.
+        boundary_weight: weight of the periodic-boundary plus initial-condition errors.
+        data_weight: weight of the mean squared data error on the labelled rows.
+        dtype: ``"float32"`` or ``"float64"`` for the network (batches are cast to it).
+        **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
+    """
+
+    def __init__(
+        self,
+        hidden: int = 64,
+        depth: int = 3,
+        n_x: int = 32,
+        nu: float = NU,
+        residual_weight: float = 1e-3,
+        boundary_weight: float = 1e-3,
+        data_weight: float = 1.0,
+        dtype: DTypeName = "float32",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not nu > 0:
+            raise ValueError(f"the viscosity nu must be positive, got {nu}.")
+        if n_x < 2:
+            raise ValueError(f"n_x (grid points of the u0 input) must be >= 2, got {n_x}.")
+        for name, value in (("residual_weight", residual_weight), ("boundary_weight", boundary_weight),
+                            ("data_weight", data_weight)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}.")
+        self.n_x = int(n_x)
+        self.nu = float(nu)
+        self.residual_weight = float(residual_weight)
+        self.boundary_weight = float(boundary_weight)
+        self.data_weight = float(data_weight)
+        self.net = mlp(2 + self.n_x, hidden, depth, 1)
+        self.to(torch_dtype(dtype))
+        self.val_rel_l2 = RelativeL2Error()
+        self.test_rel_l2 = RelativeL2Error()
+
+    # -- the model and the physics ------------------------------------------------------------
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        """u at ``inputs`` (N, 2 + n_x) = [x, t, u0 on the grid]; returns (N,)."""
+        return self.net(inputs).reshape(-1)
+
+    def _check_width(self, inputs: Tensor) -> None:
+        if inputs.shape[-1] != 2 + self.n_x:
+            raise ValueError(
+                f"Burgers(n_x={self.n_x}) expects inputs with {2 + self.n_x} columns, got {inputs.shape[-1]}: "
+                "use the same n_x for the task and BurgersData."
+            )
+
+    def residual(self, inputs: Tensor) -> Tensor:
+        """The PDE residual of the network at ``inputs`` (N, 2 + n_x); returns (N,)."""
+        self._check_width(inputs)
+        return burgers_residual(burgers_derivatives(self.net, inputs), self.nu)
+
+    def objective(self, batch: dict[str, Tensor]) -> Tensor:
+        inputs, u = batch["inputs"], batch["u"]
+        self._check_width(inputs)
+        d = burgers_derivatives(self.net, inputs)
+        residual = burgers_residual(d, self.nu).square().mean()
+        error_sq = (d.u - u).square()
+        initial = _masked_mean(error_sq, batch["it"] == 0)
+        left = batch["ix"] == 0
+        right_inputs = inputs[left].clone()
+        right_inputs[:, 0] = 1.0
+        periodic = (self(right_inputs) - d.u[left]).square().sum() / left.sum().clamp(min=1)
+        data = _masked_mean(error_sq, batch["labeled"])
+        return (self.residual_weight * residual + self.boundary_weight * (periodic + initial)
+                + self.data_weight * data)
+
+    def constraints(self, batch: dict[str, Tensor]) -> Tensor | None:
+        x_con = batch["x_con"]
+        return self.residual(x_con) if x_con.shape[0] > 0 else None
+
+    def validation_constraints(self, batch: dict[str, Tensor]) -> Tensor | None:
+        """The residual at every row of the held-out batch (the PDE holds everywhere, not only at
+        the m constraint rows)."""
+        return self.residual(batch["inputs"])
+
+    # -- Lightning hooks ----------------------------------------------------------------------
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return cast_floats(super().on_after_batch_transfer(batch, dataloader_idx), self.dtype)
+
+    def _evaluate(self, stage: str, batch: dict[str, Tensor], batch_idx: int) -> Any:
+        parent = super().validation_step if stage == "val" else super().test_step
+        # Lightning evaluates in inference mode; the residuals need autograd on the inputs.
+        with torch.inference_mode(False), torch.enable_grad():
+            batch = autograd_batch(batch)
+            out = parent(batch, batch_idx)
+        metric = self.val_rel_l2 if stage == "val" else self.test_rel_l2
+        with torch.no_grad():
+            metric.update(self(batch["inputs"]), batch["u"])
+        self.log(f"{stage}/rel_l2", metric, on_step=False, on_epoch=True, prog_bar=stage == "val")
+        return out
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Any:
+        return self._evaluate("val", batch, batch_idx)
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> Any:
+        return self._evaluate("test", batch, batch_idx)
+
+    def on_fit_end(self) -> None:
+        super().on_fit_end()
+        if self._trainer is None or not self.trainer.is_global_zero:
+            return
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        if not any(isinstance(lg, TensorBoardLogger) for lg in self.trainer.loggers):
+            return
+        datamodule = getattr(self.trainer, "datamodule", None)
+        arrays = getattr(datamodule, "arrays", None) or {}
+        for key in ("test_xi", "val_xi"):
+            if key in arrays and len(arrays[key]) > 0:
+                log_figure(self, "prediction", self.prediction_figure(float(arrays[key][0])))
+                return
+
+    @torch.no_grad()
+    def predict_grid(self, xi: float, n_x_plot: int = 128, n_t_plot: int = 101) -> np.ndarray:
+        """The network's u on an ``n_t_plot`` x ``n_x_plot`` grid of [0, 1) x [0, 1] for the initial
+        condition sin(2 pi x + xi pi) (given to the network on its ``n_x`` input grid)."""
+        x_plot, t_plot = grid(n_x_plot, n_t_plot)
+        u0 = initial_condition(grid(self.n_x, 2)[0], np.array([xi]))[0]
+        tt, xx = np.meshgrid(t_plot, x_plot, indexing="ij")
+        inputs = np.concatenate([xx.reshape(-1, 1), tt.reshape(-1, 1), np.broadcast_to(u0, (xx.size, self.n_x))], 1)
+        pred = self(torch.as_tensor(inputs, dtype=self.dtype, device=self.device))
+        return pred.double().cpu().numpy().reshape(n_t_plot, n_x_plot)
+
+    def prediction_figure(self, xi: float) -> Any:
+        """True, predicted and |error| u(x, t) heatmaps for the initial condition ``xi`` (as the
+        paper's Figure 5)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        n_x_plot, n_t_plot = 128, 101
+        true = cole_hopf_grid(np.array([xi]), n_x_plot, n_t_plot, self.nu)[0]
+        pred = self.predict_grid(xi, n_x_plot, n_t_plot)
+        rel = float(np.linalg.norm(pred - true) / np.linalg.norm(true))
+        fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), sharey=True)
+        extent = (0.0, 1.0, 0.0, 1.0)
+        panels = (("true u(x, t)", true, "RdBu_r", (-1, 1)), ("predicted u(x, t)", pred, "RdBu_r", (-1, 1)),
+                  ("|error|", np.abs(pred - true), "magma", (0, None)))
+        for ax, (title, values, cmap, (vmin, vmax)) in zip(axes, panels):
+            image = ax.imshow(values, origin="lower", extent=extent, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax)
+            ax.set(title=title, xlabel="x")
+            fig.colorbar(image, ax=ax)
+        axes[0].set_ylabel("t")
+        fig.suptitle(f"Burgers, unseen initial condition xi = {xi:.3f}: relative L2 error {rel:.2e}")
+        fig.tight_layout()
+        return fig
