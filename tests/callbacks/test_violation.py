@@ -248,3 +248,33 @@ def test_bad_arguments_raise_clear_errors() -> None:
     with pytest.raises(ValueError, match="1-D tensor of residuals"):
         monitor._constraints_from({"constraints": [1.0, 2.0]}, "val")
     assert math.isclose(ConstraintViolationMonitor(norm_order=float("inf")).norm_order, math.inf)
+
+
+@pytest.mark.ddp
+def test_ddp_spawn_val_is_synced_over_shards_and_train_is_not_summed() -> None:
+    """2 CPU processes: each rank validates half of the rows; train residuals are identical per rank."""
+    task = ToyTask(lr=0.0)  # weights stay put, so the parent can recompute every residual
+    x_val = _rows(10, 9)  # DistributedSampler: 5 rows per rank (batches of 3 and 2)
+    monitor = ConstraintViolationMonitor()
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        callbacks=[monitor],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_steps=2,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(task, train_dataloaders=_loader(_rows(8, 1), batch_size=2), val_dataloaders=_loader(x_val))
+    got = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    w = task.w.detach()
+    val = _np_metrics((x_val @ w).numpy())
+    train = _np_metrics((task.a_train @ w).numpy())
+    for name in ("max", "mean", "l1", "l2"):
+        assert got[f"violation/val/{name}"] == pytest.approx(val[name], rel=1e-6), name
+        assert got[f"violation/train/{name}"] == pytest.approx(train[name], rel=1e-6), name
+    assert got["violation/val/relative"] == pytest.approx(1.0, rel=1e-6)
+    assert got["violation/train/relative"] == pytest.approx(1.0, rel=1e-6)
