@@ -1,0 +1,214 @@
+"""ConstrainedModule: the LightningModule an informed-learning task subclasses."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor
+from torch.optim import Optimizer
+
+from .optim import SQPAdam
+from .optim.jacobian import JacobianMethod, constraint_jacobian
+from .stepping import NonFinitePolicy, StepResult, TrainingStepper, check_constraints, check_objective, violation_summary
+
+
+def default_optimizer(params: Iterable) -> Optimizer:
+    """SQP-Adam with lr = 1e-3 (the default when a config names no optimizer)."""
+    return SQPAdam(params, lr=1e-3)
+
+
+def _clone_tensors(batch: Any) -> Any:
+    """Copies of the batch's tensors made outside inference mode (so autograd can use them)."""
+    if isinstance(batch, Tensor):
+        return batch.clone()
+    if isinstance(batch, dict):
+        return {k: _clone_tensors(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        items = [_clone_tensors(v) for v in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    return batch
+
+
+class ConstrainedModule(pl.LightningModule):
+    """Base class of a task trained with hard equality constraints.
+
+    A task implements :meth:`objective` (what is minimized) and :meth:`constraints` (the residuals
+    that must vanish), plus its network::
+
+        class CurveFit(ConstrainedModule):
+            def __init__(self, hidden: int = 32, **kwargs: Any) -> None:
+                super().__init__(**kwargs)
+                self.net = torch.nn.Sequential(torch.nn.Linear(1, hidden), torch.nn.Tanh(),
+                                               torch.nn.Linear(hidden, 1))
+
+            def objective(self, batch):
+                x, y = batch
+                return (self.net(x) - y).pow(2).mean()
+
+            def constraints(self, batch):
+                return self.net(self.anchor_x).squeeze(-1) - self.anchor_y
+
+    Training uses manual optimization (the step is :class:`~lit_constrained.stepping.TrainingStepper`);
+    any optimizer of :mod:`lit_constrained.optim` or :mod:`torch.optim` works. This base class calls
+    ``save_hyperparameters()`` (it also captures the subclass's init arguments), so
+    ``load_from_checkpoint`` rebuilds the task and its optimizer.
+
+    Args:
+        optimizer: a callable ``params -> Optimizer`` (``OptimizerCallable``; from a config:
+            ``class_path: lit_constrained.optim.SQPAdam`` with ``init_args: {lr: ...}``).
+        lr_scheduler: optional ``optimizer -> scheduler`` callable, stepped after every optimizer step.
+        penalty_weight: soft-constraint option: adds ``penalty_weight * mean(c^2)`` to the objective
+            (the penalty baseline, off by default).
+        on_nonfinite: ``"raise"`` (stop with an error naming the step; no NaN reaches the weights or a
+            checkpoint) or ``"skip"`` (skip the batch, identically on every rank).
+        max_grad_norm: clip the objective gradient's norm before the step (use this instead of the
+            Trainer's ``gradient_clip_val``, which manual optimization does not support).
+        jacobian_method: ``"auto"`` | ``"batched"`` | ``"loop"`` for the default Jacobian.
+        num_threads: ``torch.set_num_threads`` at setup (small problems run faster on 1 thread).
+    """
+
+    def __init__(
+        self,
+        optimizer: OptimizerCallable = default_optimizer,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        penalty_weight: float = 0.0,
+        on_nonfinite: NonFinitePolicy = "raise",
+        max_grad_norm: float | None = None,
+        jacobian_method: JacobianMethod = "auto",
+        num_threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.save_hyperparameters()
+        self.optimizer_factory = optimizer
+        self.lr_scheduler_factory = lr_scheduler
+        self.jacobian_method = jacobian_method
+        self.num_threads = num_threads
+        self.stepper = TrainingStepper(penalty_weight, on_nonfinite, max_grad_norm)
+        self.last_step: StepResult | None = None
+
+    # ----------------------------------------------------------------- what a task implements
+    def objective(self, batch: Any) -> Tensor:
+        """The scalar objective f on ``batch`` (to be minimized)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement objective(batch).")
+
+    def constraints(self, batch: Any) -> Tensor | None:
+        """The 1-D tensor of m residuals that must vanish (None: no constraints)."""
+        return None
+
+    def validation_constraints(self, batch: Any) -> Tensor | None:
+        """Residuals reported at validation/test (default: the training constraints).
+
+        Override to measure the physics beyond the m imposed points (e.g. all collocation points).
+        """
+        return self.constraints(batch)
+
+    def evaluation_metrics(self, batch: Any, stage: str) -> dict[str, Tensor]:
+        """Task metrics at validation/test (e.g. test MSE); logged as ``<stage>/<name>``."""
+        return {}
+
+    def constraint_jacobian(self, batch: Any, constraints: Tensor, params: Sequence[Tensor]) -> Tensor:
+        """J = dc/dx, shape (m, n), w.r.t. ``params`` in the optimizer's flat layout.
+
+        Override for a faster problem-specific Jacobian (e.g. a per-sample ``vmap``).
+        """
+        return constraint_jacobian(constraints, params, method=self.jacobian_method)
+
+    # ----------------------------------------------------------------- Lightning hooks
+    def setup(self, stage: str) -> None:
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)
+        if stage == "fit":
+            self._check_trainer()
+
+    def _check_trainer(self) -> None:
+        trainer = self.trainer
+        precision = str(trainer.precision)
+        if precision.startswith("16"):
+            raise ValueError(
+                f"precision={precision!r} is not supported: fp16 AMP's grad scaler cannot carry a "
+                "constraint Jacobian. Use precision='bf16-mixed' or '32-true'."
+            )
+        strategy = type(trainer.strategy).__name__
+        if "FSDP" in strategy or "DeepSpeed" in strategy:
+            raise ValueError(
+                f"strategy {strategy} is not supported: sharded parameters break the flat-vector linear "
+                "algebra of the constrained optimizers. Use strategy='ddp'."
+            )
+        if trainer.gradient_clip_val:
+            raise ValueError(
+                "Trainer(gradient_clip_val=...) does not apply to manual optimization: set the module's "
+                "max_grad_norm instead."
+            )
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError(
+                "Trainer(accumulate_grad_batches=...) is not supported (the constraints and their Jacobian "
+                "belong to one point): use a larger batch instead."
+            )
+
+    def configure_optimizers(self) -> Any:
+        optimizer = self.optimizer_factory(self.parameters())
+        if self.lr_scheduler_factory is None:
+            return optimizer
+        scheduler = self.lr_scheduler_factory(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
+        result = self.stepper.step(self, batch)
+        self.last_step = result
+        self._log_step(result)
+        return {"objective": result.objective, "constraints": result.constraints}
+
+    def _log_step(self, result: StepResult) -> None:
+        # values are identical on every rank (reduced in the step): no sync needed
+        self.log("train/objective", result.objective, prog_bar=True)
+        if result.constraints is not None and result.constraints.numel():
+            summary = violation_summary(result.constraints)
+            self.log("train/violation_max", summary["violation_max"], prog_bar=True)
+            self.log("train/violation_mean", summary["violation_mean"])
+            self.log("train/violation_l1", summary["violation_l1"])
+        trainer = self.trainer
+        if trainer.log_every_n_steps and trainer.global_step % trainer.log_every_n_steps == 0:
+            self._log_diagnostics()
+
+    def _log_diagnostics(self) -> None:
+        optimizer = self.optimizers().optimizer
+        diagnostics = optimizer.state.get("diagnostics", {}) if isinstance(optimizer.state, dict) else {}
+        for key, value in diagnostics.items():
+            if isinstance(value, Tensor) and value.numel() != 1:
+                continue
+            value = float(value)
+            if math.isfinite(value):
+                self.log(f"optim/{key}", value)
+        self.log("optim/lr", float(optimizer.param_groups[0]["lr"]))
+
+    def _evaluation_step(self, batch: Any, stage: str) -> dict[str, Tensor | None]:
+        # residuals need input derivatives: leave Lightning's inference mode for this step
+        with torch.inference_mode(False), torch.enable_grad():
+            batch = _clone_tensors(batch)
+            name = type(self).__name__
+            f = check_objective(self.objective(batch), f"{name}.objective()")
+            c = check_constraints(self.validation_constraints(batch), f"{name}.validation_constraints()", None, False)
+            metrics = self.evaluation_metrics(batch, stage)
+        self.log(f"{stage}/objective", f.detach(), sync_dist=True)
+        for key, value in metrics.items():
+            self.log(f"{stage}/{key}", value.detach() if isinstance(value, Tensor) else value, sync_dist=True)
+        if c is not None and c.numel():
+            self.log(f"{stage}/violation_max", c.detach().abs().max(), sync_dist=True, reduce_fx="max")
+        return {"objective": f.detach(), "constraints": None if c is None else c.detach()}
+
+    def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
+        return self._evaluation_step(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
+        return self._evaluation_step(batch, "test")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        for name, tensor in checkpoint.get("state_dict", {}).items():
+            if isinstance(tensor, Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise FloatingPointError(f"Refusing to write a checkpoint: parameter {name!r} holds NaN/inf.")
