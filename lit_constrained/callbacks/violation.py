@@ -26,19 +26,20 @@ the references taken are saved in the callback's checkpoint state, so a resumed 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
-from lit_constrained.metrics import RelativeViolation, ViolationMetric, build_violation_metric, check_metric_names
+from lit_constrained.metrics import MetricName, RelativeViolation, ViolationMetric, build_violation_metric, check_metric_names
 from lit_constrained.metrics.functional import check_norm_order, reference_norm
 
 __all__ = ["ConstraintViolationMonitor"]
 
-STAGES = ("train", "val", "test")
+Stage = Literal["train", "val", "test"]
+STAGES: tuple[str, ...] = ("train", "val", "test")
 
 
 class ConstraintViolationMonitor(Callback):
@@ -47,7 +48,7 @@ class ConstraintViolationMonitor(Callback):
     Args:
         metrics: which metrics to log, a subset of ``("max", "mean", "l1", "l2", "relative")``.
         stages: where to log them, a subset of ``("train", "val", "test")``.
-        norm_order: the norm of the ``relative`` metric: 1, 2 or ``inf``.
+        norm_order: the norm of the ``relative`` metric: 1, 2 or ``"inf"``.
         references: optional reference norms :math:`\\|c_0\\|` for ``relative``, keyed by stage; a stage
             without one takes its first computed value.
         prog_bar: also show the metrics on the progress bar.
@@ -55,10 +56,10 @@ class ConstraintViolationMonitor(Callback):
 
     def __init__(
         self,
-        metrics: Sequence[str] = ("max", "mean", "l1", "l2", "relative"),
-        stages: Sequence[str] = STAGES,
-        norm_order: float = 2.0,
-        references: dict[str, float] | None = None,
+        metrics: Sequence[MetricName] = ("max", "mean", "l1", "l2", "relative"),
+        stages: Sequence[Stage] = ("train", "val", "test"),
+        norm_order: float | Literal["inf"] = 2.0,
+        references: dict[Stage, float] | None = None,
         prog_bar: bool = False,
     ) -> None:
         super().__init__()

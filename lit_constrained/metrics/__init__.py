@@ -16,7 +16,7 @@ from .functional import (
 from .maximum import MaxViolation
 from .mean import MeanViolation
 from .norms import L1Violation, L2Violation
-from .registry import VIOLATION_METRICS, build_violation_metric, check_metric_names
+from .registry import VIOLATION_METRICS, MetricName, build_violation_metric, check_metric_names
 from .relative import RelativeViolation
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "L2Violation",
     "MaxViolation",
     "MeanViolation",
+    "MetricName",
     "RelativeViolation",
     "ViolationMetric",
     "build_violation_metric",

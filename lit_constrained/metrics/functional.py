@@ -47,10 +47,12 @@ def _abs_flat(constraints: Tensor) -> Tensor:
     return c.abs()
 
 
-def check_norm_order(p: float) -> float:
-    """Return ``p`` as a float if it is one of the supported norm orders 1, 2 or inf, else raise."""
+def check_norm_order(p: float | str) -> float:
+    """Return ``p`` as a float if it is one of the supported norm orders 1, 2 or inf (or "inf"), else raise."""
+    if p == "inf":
+        return math.inf
     if isinstance(p, bool) or not isinstance(p, (int, float)) or float(p) not in (1.0, 2.0, math.inf):
-        raise ValueError(f"Invalid norm order p={p!r}: use 1, 2 or float('inf') (the max norm).")
+        raise ValueError(f"Invalid norm order p={p!r}: use 1, 2 or float('inf') / \"inf\" (the max norm).")
     return float(p)
 
 
@@ -168,14 +170,14 @@ def violation_l2(constraints: Tensor) -> Tensor:
     return _l2_compute(_sum_squares_update(constraints))
 
 
-def violation_norm(constraints: Tensor, p: float = 2.0) -> Tensor:
+def violation_norm(constraints: Tensor, p: float | str = 2.0) -> Tensor:
     r"""The :math:`p`-norm of the residuals, :math:`p \in \{1, 2, \infty\}`.
 
     .. math:: \|c\|_p = \Big(\sum_{i=1}^m |c_i|^p\Big)^{1/p}, \qquad \|c\|_\infty = \max_i |c_i|
 
     Args:
         constraints: residuals :math:`c` of any shape (flattened).
-        p: norm order, 1, 2 or ``float("inf")``.
+        p: norm order, 1, 2 or ``float("inf")`` (or ``"inf"``).
 
     Returns:
         A 0-d tensor.
@@ -193,7 +195,7 @@ def violation_norm(constraints: Tensor, p: float = 2.0) -> Tensor:
     return violation_max(constraints)
 
 
-def relative_violation(constraints: Tensor, reference: Tensor | float, p: float = 2.0) -> Tensor:
+def relative_violation(constraints: Tensor, reference: Tensor | float, p: float | str = 2.0) -> Tensor:
     r"""Constraint violation relative to a reference violation :math:`c_0` (e.g. at initialization).
 
     .. math::
@@ -220,7 +222,7 @@ def relative_violation(constraints: Tensor, reference: Tensor | float, p: float 
     return _relative_compute(violation_norm(constraints, p), reference_norm(reference, p))
 
 
-def reference_norm(reference: Tensor | float, p: float = 2.0) -> Tensor:
+def reference_norm(reference: Tensor | float, p: float | str = 2.0) -> Tensor:
     """The reference norm: ``||reference||_p`` for a residual vector, the value itself for a scalar.
 
     Raises:

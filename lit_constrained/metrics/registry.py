@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from ._base import ViolationMetric
 from .maximum import MaxViolation
 from .mean import MeanViolation
 from .norms import L1Violation, L2Violation
 from .relative import RelativeViolation
+
+MetricName = Literal["max", "mean", "l1", "l2", "relative"]
 
 VIOLATION_METRICS: dict[str, type[ViolationMetric]] = {
     "max": MaxViolation,

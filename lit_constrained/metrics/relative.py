@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -38,7 +38,7 @@ class RelativeViolation(ViolationMetric):
     compute) for :math:`p = 2`, the maximum (``max``) for :math:`p = \infty`.
 
     Args:
-        p: norm order, 1, 2 or ``float("inf")``.
+        p: norm order, 1, 2 or ``float("inf")`` (or ``"inf"``).
         reference: the reference residual vector :math:`c_0` (a tensor with >= 1 dimension) or its norm
             (a float >= 0); None takes the first value seen.
         kwargs: passed to :class:`torchmetrics.Metric` (e.g. ``sync_on_compute=False``).
@@ -58,7 +58,7 @@ class RelativeViolation(ViolationMetric):
     statistic: Tensor
     reference_value: Tensor
 
-    def __init__(self, p: float = 2.0, reference: Tensor | float | None = None, **kwargs: Any) -> None:
+    def __init__(self, p: float | Literal["inf"] = 2.0, reference: Tensor | float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.p = check_norm_order(p)
         reduce = "max" if self.p == float("inf") else "sum"

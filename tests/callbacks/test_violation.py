@@ -250,6 +250,23 @@ def test_bad_arguments_raise_clear_errors() -> None:
     assert math.isclose(ConstraintViolationMonitor(norm_order=float("inf")).norm_order, math.inf)
 
 
+def test_configurable_from_yaml_with_jsonargparse() -> None:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(ConstraintViolationMonitor, "monitor")
+    cfg = parser.parse_string(
+        "monitor:\n  metrics: [max, relative]\n  stages: [val]\n  norm_order: inf\n  references: {val: 2.0}\n"
+    )
+    monitor = ConstraintViolationMonitor(**cfg.monitor.as_dict())
+    assert monitor.metric_names == ("max", "relative")
+    assert monitor.stages == ("val",)
+    assert monitor.norm_order == math.inf
+    assert monitor.references == {"val": 2.0}
+    with pytest.raises(Exception, match="rms"):
+        parser.parse_string("monitor:\n  metrics: [rms]\n")
+
+
 @pytest.mark.ddp
 def test_ddp_spawn_val_is_synced_over_shards_and_train_is_not_summed() -> None:
     """2 CPU processes: each rank validates half of the rows; train residuals are identical per rank."""

@@ -71,6 +71,7 @@ def test_violation_norm_orders_and_nan_propagation() -> None:
     assert violation_norm(c, 1).item() == pytest.approx(5.0)
     assert violation_norm(c, 2).item() == pytest.approx(3.0)
     assert violation_norm(c, float("inf")).item() == pytest.approx(2.0)
+    assert violation_norm(c, "inf").item() == pytest.approx(2.0)
     bad = torch.tensor([1.0, float("nan")])
     for fn in FUNCTIONAL.values():
         assert math.isnan(fn(bad).item())
