@@ -3,6 +3,7 @@ ConstrainedModule; expected values are recomputed with NumPy from the residuals 
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Any
@@ -295,3 +296,38 @@ def test_ddp_spawn_val_is_synced_over_shards_and_train_is_not_summed() -> None:
         assert got[f"violation/train/{name}"] == pytest.approx(train[name], rel=1e-6), name
     assert got["violation/val/relative"] == pytest.approx(1.0, rel=1e-6)
     assert got["violation/train/relative"] == pytest.approx(1.0, rel=1e-6)
+
+
+def test_with_constrained_module_and_larger_validation_constraint_set() -> None:
+    """The real task contract: CurveFit trained by SQP-Adam, validated on the residual at all 101 points."""
+    from lit_constrained.optim import SQPAdam
+    from lit_constrained.tasks.curve import CurveData, CurveFit
+
+    class CurveFitAllPoints(CurveFit):
+        def validation_constraints(self, batch: Any) -> torch.Tensor:
+            x, y = batch
+            return (self.net(x) - y).squeeze(-1)
+
+    torch.manual_seed(0)
+    task = CurveFitAllPoints(hidden=8, optimizer=functools.partial(SQPAdam, lr=1e-2))
+    data = CurveData(num_samples=32, batch_size=16)
+    logger = MemoryLogger()
+    monitor = ConstraintViolationMonitor()
+    trainer = _trainer(monitor, logger, max_steps=4, num_sanity_val_steps=0)
+    trainer.fit(task, datamodule=data)
+
+    # train: the last step's (rank-mean) training residuals, m = 3 anchors
+    assert task.last_step is not None and task.last_step.constraints is not None
+    c_train = task.last_step.constraints.numpy()
+    assert c_train.shape == (3,)
+    expected = _np_metrics(c_train)
+    for name in ("max", "mean", "l1", "l2"):
+        assert logger.series(f"violation/train/{name}")[-1] == pytest.approx(expected[name], rel=1e-5), name
+    assert len(logger.series("violation/train/l2")) == 4
+    # val: recomputed at the final weights on all 101 validation points
+    x_val, y_val = data.val_set.tensors
+    with torch.no_grad():
+        c_val = (task.net(x_val) - y_val).squeeze(-1).numpy()
+    expected = _np_metrics(c_val)
+    for name in ("max", "mean", "l1", "l2"):
+        assert logger.series(f"violation/val/{name}")[-1] == pytest.approx(expected[name], rel=1e-5), name
