@@ -5,3 +5,4 @@ from .jacobian import constraint_jacobian
 from .nullspace import NullSpace
 from .sqp import SQPAdam, SQPHeavyBall
 from .constant_step_adam import ConstantStepAdam
+from .momo import MoMo, MoMoAdam

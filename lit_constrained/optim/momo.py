@@ -1,0 +1,568 @@
+r"""MoMo and MoMo-Adam: model-based momentum with an adaptive (Polyak-type) step size.
+
+Schaipp, Ohana, Eickenberg, Defazio, Gower, "MoMo: Momentum Models for Adaptive Learning Rates"
+(arXiv 2305.07583), Algorithms 1, 2, 5 and Lemma 3.1; the online lower bound of Algorithms 3, 4.
+
+With loss value :math:`f_k`, gradient :math:`g_k`, user learning rate :math:`\alpha_k`, weight decay
+:math:`\lambda \ge 0` and a lower bound :math:`f^*_k` of the loss, MoMo keeps exponential averages
+
+.. math::
+    \bar f_k = (1-\beta) f_k + \beta \bar f_{k-1}, \quad
+    \gamma_k = (1-\beta) \langle g_k, x_k\rangle + \beta \gamma_{k-1}, \quad
+    d_k = (1-\beta) g_k + \beta d_{k-1},
+
+which define a truncated model of the loss, :math:`\max\{\rho_k^{-1}(\bar f_k + \langle d_k, y\rangle
+- \gamma_k), f^*_k\}`. Its proximal step (Lemma 3.1) is
+
+.. math::
+    \zeta_k = \frac{\big((1+\alpha_k\lambda)(\bar f_k - \rho_k f^*_k - \gamma_k)
+              + \langle d_k, x_k\rangle\big)_+}{\|d_k\|^2_{D_k^{-1}}}, \qquad
+    \tau_k = \min\{\alpha_k / \rho_k, \zeta_k\}, \qquad
+    x_{k+1} = \frac{x_k - \tau_k D_k^{-1} d_k}{1 + \alpha_k \lambda}.
+
+The user lr caps the adaptive step :math:`\zeta_k` (so a tiny lr gives plain SGD-M / Adam), and
+:math:`\tau_k` shows an automatic warm-up and decay.
+
+* :class:`MoMo`: :math:`D_k = I`. Without bias correction :math:`\rho_k = 1` and the averages start at the
+  first sample (:math:`\bar f_0 = f_1, d_0 = g_1, \gamma_0 = \langle g_1, x_1\rangle`); with
+  ``bias_correction=True`` (MoMo-Bias, Algorithm 5) they start at 0 and :math:`\rho_k = 1 - \beta^k`.
+* :class:`MoMoAdam`: always bias-corrected, :math:`\rho_k = 1 - \beta_1^k`, and Adam's preconditioner
+  :math:`v_k = \beta_2 v_{k-1} + (1-\beta_2) g_k \odot g_k`,
+  :math:`D_k = \mathrm{diag}(\epsilon + \sqrt{v_k / (1-\beta_2^k)})` (eps outside the root).
+  ``decoupled_weight_decay=True`` is the AdamW-style rule of the paper's appendix A.2:
+  :math:`x_{k+1} = (1 - \lambda\alpha_k) x_k - \tau_k D_k^{-1} d_k`, :math:`\tau_k` unchanged.
+
+Online lower bound (``estimate_lower_bound=True``, MoMo* / MoMo-Adam*). The user's ``lower_bound`` is
+:math:`f^*_1` and the floor. With :math:`h^\lambda_k = (1+\alpha_k\lambda)(\bar f_k - \gamma_k)
++ \langle d_k, x_k\rangle` and :math:`h_k = \bar f_k + \langle d_k, x_k\rangle - \gamma_k`:
+
+.. math::
+    \text{ResetStar (before the update): if } (1+\alpha_k\lambda)\rho_k f^*_k \ge h^\lambda_k:\
+        f^*_k \leftarrow \max\Big\{\frac{h^\lambda_k}{2(1+\alpha_k\lambda)\rho_k}, f^*_1\Big\}
+
+    \text{EstimateStar (after the update): }
+        f^*_{k+1} = \max\Big\{\frac{h_k - \tfrac12 \tau_k \|d_k\|^2_{D_k^{-1}}}{\rho_k}, f^*_1\Big\}.
+
+Several parameter groups. :math:`\bar f, \gamma, \langle d, x\rangle` and :math:`\|d\|^2_{D^{-1}}` are
+sums over ALL parameters (one model of the one loss), so beta(s), ``lower_bound``,
+``estimate_lower_bound`` and ``bias_correction`` must be the same in every group. Each group i gets its
+own :math:`\tau_i = \min\{\alpha_i/\rho_k, \zeta_i\}` from its own lr :math:`\alpha_i` and weight decay
+:math:`\lambda_i` (and, for MoMo-Adam, its own eps in :math:`D`); with equal lr and weight decay in all
+groups this is exactly the paper's single step size. ResetStar is applied group after group (each can
+only lower :math:`f^*`), and EstimateStar uses :math:`\sum_i \tau_i \|d_i\|^2_{D^{-1}}` in place of
+:math:`\tau_k \|d_k\|^2_{D^{-1}}`.
+
+Details:
+
+* The loss value comes from the closure: ``loss.backward(); opt.step(lambda: loss)``. In data-parallel
+  training it must be the mean over ranks (the package's stepper does this), else replicas drift apart.
+* A NaN/inf loss or gradient raises ``ValueError`` before anything is changed.
+* A zero direction (:math:`\|d_k\| = 0`) gives :math:`\tau_k = 0` and a zero step (``tau`` and
+  ``zeta`` are recorded as 0; with weight decay the shrinkage :math:`x/(1+\alpha\lambda)` still applies,
+  as it is the exact proximal step).
+* Parameters whose ``.grad`` is None are left out of the step (not moved, moments untouched), as in
+  torch's optimizers.
+* Inner products are taken per tensor in the parameter dtype and summed in float64 on the host; the
+  scalars :math:`k, \bar f, \gamma, f^*` are Python floats. One step costs two host syncs.
+* ``optimizer.state`` holds everything the trajectory depends on: ``state["momo"]`` (``step``,
+  ``loss_avg``, ``gamma``, ``lower_bound``), ``state["group<i>"]`` (``tau``, ``zeta``: the last step
+  size and adaptive term of group i) and the per-parameter moments, so ``state_dict()`` /
+  ``load_state_dict()`` resume the exact trajectory. Complex parameters are treated as pairs of reals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from .checks import check_beta, check_betas, check_lr, check_positive
+from .flat import real_view
+
+ParamsT = Union[Iterable[Tensor], Iterable[dict[str, Any]]]
+
+GLOBAL_KEY = "momo"
+
+
+def group_key(i: int) -> str:
+    """The ``optimizer.state`` key of group i's step-size diagnostics (``tau``, ``zeta``)."""
+    return f"group{i}"
+
+
+# ---------------------------------------------------------------------------- scalar rules
+
+
+def adaptive_step(
+    *,
+    lr: float,
+    weight_decay: float,
+    rho: float,
+    loss_avg: float,
+    gamma: float,
+    d_dot_x: float,
+    d_norm_sq: float,
+    lower_bound: float,
+) -> tuple[float, float]:
+    r"""``(tau, zeta)`` of Lemma 3.1: :math:`\tau = \min\{\alpha/\rho, \zeta\}`; (0, 0) when d = 0."""
+    if not d_norm_sq > 0.0:
+        return 0.0, 0.0
+    scale = 1.0 + lr * weight_decay
+    gap = scale * (loss_avg - rho * lower_bound - gamma) + d_dot_x
+    zeta = max(gap, 0.0) / d_norm_sq
+    return min(lr / rho, zeta), zeta
+
+
+def reset_lower_bound(
+    lower_bound: float,
+    floor: float,
+    *,
+    lr: float,
+    weight_decay: float,
+    rho: float,
+    loss_avg: float,
+    gamma: float,
+    d_dot_x: float,
+) -> float:
+    r"""ResetStar (Algorithm 3): lower :math:`f^*_k` when it would make :math:`\zeta_k = 0`."""
+    scale = 1.0 + lr * weight_decay
+    h_lam = scale * (loss_avg - gamma) + d_dot_x
+    if scale * rho * lower_bound >= h_lam:
+        return max(h_lam / (2.0 * scale * rho), floor)
+    return lower_bound
+
+
+def estimate_lower_bound(
+    floor: float, *, rho: float, loss_avg: float, gamma: float, d_dot_x: float, tau_d_norm_sq: float
+) -> float:
+    r"""EstimateStar (Algorithm 4): :math:`f^*_{k+1} = \max\{(h_k - \tau_k\|d_k\|^2_{D^{-1}}/2)/\rho_k, f^*_1\}`."""
+    h = loss_avg + d_dot_x - gamma
+    return max((h - 0.5 * tau_d_norm_sq) / rho, floor)
+
+
+# ---------------------------------------------------------------------------- tensor helpers
+
+
+def _dots(a: list[Tensor], b: list[Tensor]) -> Tensor:
+    """Per-tensor inner products <a_i, b_i> as one 1-D tensor.
+
+    torch has no multi-tensor dot; ``torch._foreach_mm`` on (1, n) x (n, 1) views was 8x slower than
+    BLAS dots on CPU (benchmarks/bench_momo.py), so this is one dot kernel per tensor.
+    """
+    return torch.stack([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b)])
+
+
+def _host(*parts: Tensor) -> list[float]:
+    """One device-to-host copy of several 1-D tensors, as Python floats."""
+    device = parts[0].device
+    return torch.cat([p.to(device) for p in parts]).tolist()
+
+
+@dataclass
+class _Group:
+    """The tensors of one parameter group that take part in this step (real views)."""
+
+    index: int
+    group: dict[str, Any]
+    tensors: list[Tensor]
+    params: list[Tensor]
+    grads: list[Tensor]
+    states: list[dict[str, Tensor]]
+
+
+# ---------------------------------------------------------------------------- the shared step
+
+
+class _MoMoBase(Optimizer):
+    """The MoMo step shared by :class:`MoMo` and :class:`MoMoAdam` (see the module docstring)."""
+
+    requires: frozenset[str] = frozenset()
+    _shared_keys: tuple[str, ...] = ("lower_bound", "estimate_lower_bound")
+
+    # -- subclass hooks
+    def _beta(self, group: dict[str, Any]) -> float:
+        raise NotImplementedError
+
+    def _rho(self, k: int, group: dict[str, Any]) -> float:
+        raise NotImplementedError
+
+    def _first_weight(self, k: int, group: dict[str, Any]) -> float:
+        """The averaging weight of the new sample (1 at k = 1 when the averages start at the sample)."""
+        return 1.0 - self._beta(group)
+
+    def _init_param_state(self, p: Tensor) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def _update_moments(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], list[Tensor], float]:
+        """Update the moments of one group; return (d, U, s) with D^{-1} d = s * U."""
+        raise NotImplementedError
+
+    def _apply(self, g: _Group, tau: float, direction: list[Tensor], scale: float) -> None:
+        """x <- the update of one group with step tau along D^{-1} d = scale * direction."""
+        raise NotImplementedError
+
+    # -- public API
+    @torch.no_grad()
+    def _collect(self) -> list[_Group]:
+        groups = []
+        for i, group in enumerate(self.param_groups):
+            tensors, params, grads, states = [], [], [], []
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise ValueError(f"{type(self).__name__} does not support sparse gradients.")
+                state = self.state[p]
+                if not state:
+                    state.update(self._init_param_state(p))
+                tensors.append(p)
+                if p.is_complex():
+                    params.append(real_view(p))
+                    grads.append(real_view(p.grad))
+                    states.append({key: real_view(t) for key, t in state.items()})
+                else:
+                    params.append(p)
+                    grads.append(p.grad)
+                    states.append(state)
+            if params:
+                groups.append(_Group(i, group, tensors, params, grads, states))
+        return groups
+
+    def _check_groups(self) -> None:
+        first = self.param_groups[0]
+        for i, group in enumerate(self.param_groups):
+            check_lr(group["lr"])
+            for key in self._shared_keys:
+                if group[key] != first[key]:
+                    raise ValueError(
+                        f"{type(self).__name__}: param group {i} has {key}={group[key]!r} but group 0 has "
+                        f"{first[key]!r}. It defines the one model of the loss shared by all groups: set it "
+                        "once, in the optimizer's arguments, not per group."
+                    )
+
+    def step(
+        self,
+        closure: Callable[[], Any] | None = None,
+        *,
+        constraints: Tensor | None = None,
+        jacobian: Tensor | None = None,
+    ) -> Any:
+        """One MoMo step. ``closure`` returns the loss value (it is called once, under grad mode).
+
+        ``constraints`` / ``jacobian`` are accepted and ignored (the package-wide step signature).
+        Returns the closure's value.
+        """
+        if closure is None:
+            raise ValueError(
+                f"{type(self).__name__} needs the loss value: call step(closure) with a closure that returns "
+                "the (already back-propagated) loss, e.g. loss.backward(); opt.step(lambda: loss)."
+            )
+        with torch.enable_grad():
+            loss = closure()
+        self._check_groups()
+        if not isinstance(loss, Tensor):
+            loss = torch.as_tensor(loss, dtype=torch.float64)
+        if loss.numel() != 1:
+            raise ValueError(f"The closure must return a scalar loss; got a tensor of shape {tuple(loss.shape)}.")
+        with torch.no_grad():
+            self._step(loss.detach().reshape(1))
+        return loss
+
+    @torch.no_grad()
+    def _step(self, loss: Tensor) -> None:
+        groups = self._collect()
+        if not groups:
+            return
+        first = self.param_groups[0]
+        previous = self.state.get(GLOBAL_KEY, {})
+        k = int(previous.get("step", 0)) + 1
+        rho = self._rho(k, first)
+        weight = self._first_weight(k, first)
+        floor = float(first["lower_bound"])
+        estimate = bool(first["estimate_lower_bound"])
+        f_star = float(previous.get("lower_bound", floor)) if estimate else floor
+
+        # 1. loss and <g, x>: check finiteness before anything changes
+        params = [p for g in groups for p in g.params]
+        grads = [t for g in groups for t in g.grads]
+        host = _host(loss, _dots(grads, params))
+        f, gx = host[0], math.fsum(host[1:])
+        if not (math.isfinite(f) and math.isfinite(gx)):
+            what = "loss" if not math.isfinite(f) else "gradient (or parameters)"
+            raise ValueError(
+                f"{type(self).__name__}: the {what} is not finite (loss={f!r}, <g, x>={gx!r}); the step was "
+                "not taken. Check the loss at this batch (a diverging run, a bad batch, log of 0, ...)."
+            )
+        loss_avg = float(previous.get("loss_avg", 0.0))
+        gamma = float(previous.get("gamma", 0.0))
+        loss_avg = loss_avg + weight * (f - loss_avg)
+        gamma = gamma + weight * (gx - gamma)
+
+        # 2. moments, then <d, x> and ||d||^2_{D^-1} per group
+        directions, scales, pieces, sizes = [], [], [], []
+        for g in groups:
+            d, u, s = self._update_moments(k, g, weight)
+            directions.append(u)
+            scales.append(s)
+            pieces += [_dots(d, g.params), _dots(d, u)]
+            sizes.append(len(d))
+        host = _host(*pieces)
+        dx_parts, dnorms = [], []
+        for i, (n, s) in enumerate(zip(sizes, scales)):
+            dx_parts.append(math.fsum(host[:n]))
+            dnorms.append(s * math.fsum(host[n : 2 * n]))
+            host = host[2 * n :]
+        d_dot_x = math.fsum(dx_parts)
+
+        # 3. ResetStar, step sizes, update
+        model = dict(rho=rho, loss_avg=loss_avg, gamma=gamma, d_dot_x=d_dot_x)
+        d_norm_sq = math.fsum(dnorms)
+        taus, zetas = [], []
+        for g in groups:
+            lr, wd = float(g.group["lr"]), float(g.group["weight_decay"])
+            if estimate:
+                f_star = reset_lower_bound(f_star, floor, lr=lr, weight_decay=wd, **model)
+        for g, u, s in zip(groups, directions, scales):
+            lr, wd = float(g.group["lr"]), float(g.group["weight_decay"])
+            tau, zeta = adaptive_step(lr=lr, weight_decay=wd, d_norm_sq=d_norm_sq, lower_bound=f_star, **model)
+            self._apply(g, tau, u, s)
+            taus.append(tau)
+            zetas.append(zeta)
+
+        # 4. EstimateStar, record
+        used = f_star
+        if estimate:
+            tau_dnorm = math.fsum(t * n for t, n in zip(taus, dnorms))
+            f_star = estimate_lower_bound(floor, tau_d_norm_sq=tau_dnorm, **model)
+        self.state[GLOBAL_KEY] = {
+            "step": k,
+            "loss_avg": loss_avg,
+            "gamma": gamma,
+            "lower_bound": f_star,
+            "lower_bound_used": used,
+        }
+        for g, tau, zeta in zip(groups, taus, zetas):
+            self.state[group_key(g.index)] = {"tau": tau, "zeta": zeta}
+
+
+# ---------------------------------------------------------------------------- MoMo
+
+
+class MoMo(_MoMoBase):
+    r"""MoMo: SGD with momentum and the MoMo adaptive step size (Algorithms 1 and 5, Lemma 3.1, D = I).
+
+    .. math::
+        \tau_k = \min\Big\{\frac{\alpha_k}{\rho_k},
+            \frac{((1+\alpha_k\lambda)(\bar f_k - \rho_k f^*_k - \gamma_k) + \langle d_k, x_k\rangle)_+}
+                 {\|d_k\|^2}\Big\}, \qquad
+        x_{k+1} = \frac{x_k - \tau_k d_k}{1 + \alpha_k\lambda},
+
+    with :math:`\rho_k = 1` (averages start at the first sample) or, with ``bias_correction``,
+    :math:`\rho_k = 1 - \beta^k` (averages start at 0). With a small lr the cap is active and MoMo is
+    ``torch.optim.SGD(momentum=beta, dampening=beta)``; with ``beta = 0`` it is SPS_max. See the module
+    docstring for the online lower bound and parameter groups.
+
+    Args:
+        params: parameters or parameter groups (per group: ``lr``, ``weight_decay``).
+        lr: the user learning rate :math:`\alpha`, the cap of the adaptive step (default 1.0).
+        beta: momentum :math:`\beta \in [0, 1)`, the same in all groups.
+        weight_decay: :math:`\lambda \ge 0` (a proximal l2 term, kept out of the loss model).
+        lower_bound: a lower bound :math:`f^*` of the loss (0 for most losses); with
+            ``estimate_lower_bound`` the start value and floor of the online estimate. May be negative.
+        estimate_lower_bound: estimate :math:`f^*` online (MoMo*).
+        bias_correction: MoMo-Bias (Algorithm 5).
+    """
+
+    _shared_keys = ("beta", "lower_bound", "estimate_lower_bound", "bias_correction")
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1.0,
+        beta: float = 0.9,
+        weight_decay: float = 0.0,
+        lower_bound: float = 0.0,
+        estimate_lower_bound: bool = False,
+        bias_correction: bool = False,
+    ) -> None:
+        check_lr(lr)
+        check_beta("beta", beta)
+        _check_common(weight_decay, lower_bound, estimate_lower_bound)
+        if not isinstance(bias_correction, bool):
+            raise ValueError(f"Invalid bias_correction={bias_correction!r}: it must be True or False.")
+        defaults = dict(
+            lr=lr,
+            beta=beta,
+            weight_decay=weight_decay,
+            lower_bound=lower_bound,
+            estimate_lower_bound=estimate_lower_bound,
+            bias_correction=bias_correction,
+        )
+        super().__init__(params, defaults)
+
+    def _beta(self, group: dict[str, Any]) -> float:
+        return float(group["beta"])
+
+    def _rho(self, k: int, group: dict[str, Any]) -> float:
+        return 1.0 - float(group["beta"]) ** k if group["bias_correction"] else 1.0
+
+    def _first_weight(self, k: int, group: dict[str, Any]) -> float:
+        if k == 1 and not group["bias_correction"]:
+            return 1.0  # fbar_0 = f_1, d_0 = g_1, gamma_0 = <g_1, x_1>
+        return 1.0 - float(group["beta"])
+
+    def _init_param_state(self, p: Tensor) -> dict[str, Tensor]:
+        return {"grad_avg": torch.zeros_like(p, memory_format=torch.preserve_format)}
+
+    def _update_moments(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], list[Tensor], float]:
+        d = [s["grad_avg"] for s in g.states]
+        torch._foreach_lerp_(d, g.grads, weight)
+        return d, d, 1.0
+
+    def _apply(self, g: _Group, tau: float, direction: list[Tensor], scale: float) -> None:
+        shrink = 1.0 + float(g.group["lr"]) * float(g.group["weight_decay"])
+        if tau > 0.0:
+            torch._foreach_add_(g.params, direction, alpha=-tau * scale)
+        if shrink != 1.0:
+            torch._foreach_mul_(g.params, 1.0 / shrink)
+
+
+# ---------------------------------------------------------------------------- MoMo-Adam
+
+
+class MoMoAdam(_MoMoBase):
+    r"""MoMo-Adam: Adam with the MoMo adaptive step size (Algorithm 2, Lemma 3.1).
+
+    .. math::
+        d_k = (1-\beta_1) g_k + \beta_1 d_{k-1}, \quad
+        v_k = \beta_2 v_{k-1} + (1-\beta_2) g_k \odot g_k, \quad
+        D_k = \mathrm{diag}\big(\epsilon + \sqrt{v_k/(1-\beta_2^k)}\big),
+
+        \tau_k = \min\Big\{\frac{\alpha_k}{\rho_k},
+            \frac{((1+\alpha_k\lambda)(\bar f_k - \rho_k f^*_k - \gamma_k) + \langle d_k, x_k\rangle)_+}
+                 {\sum_i d_{k,i}^2 / D_{k,ii}}\Big\}, \quad \rho_k = 1 - \beta_1^k,
+
+        x_{k+1} = \frac{x_k - \tau_k D_k^{-1} d_k}{1+\alpha_k\lambda}
+        \quad\text{or (decoupled)}\quad x_{k+1} = (1-\lambda\alpha_k) x_k - \tau_k D_k^{-1} d_k.
+
+    :math:`\bar f, \gamma, d, v` start at 0. With a small lr the cap is active and MoMo-Adam is
+    ``torch.optim.Adam`` (or AdamW with ``decoupled_weight_decay``). See the module docstring for the
+    online lower bound and parameter groups (per group: ``lr``, ``weight_decay``, ``eps``,
+    ``decoupled_weight_decay``).
+
+    Args:
+        params: parameters or parameter groups.
+        lr: the user learning rate :math:`\alpha` (default 1e-2), the cap of the adaptive step.
+        betas: :math:`(\beta_1, \beta_2)`, the same in all groups.
+        eps: :math:`\epsilon > 0`, added outside the square root.
+        weight_decay: :math:`\lambda \ge 0`.
+        lower_bound: a lower bound :math:`f^*` of the loss; with ``estimate_lower_bound`` the start value
+            and floor of the online estimate. May be negative.
+        estimate_lower_bound: estimate :math:`f^*` online (MoMo-Adam*).
+        decoupled_weight_decay: AdamW-style decay (appendix A.2) instead of the proximal one.
+    """
+
+    _shared_keys = ("betas", "lower_bound", "estimate_lower_bound")
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-2,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        lower_bound: float = 0.0,
+        estimate_lower_bound: bool = False,
+        decoupled_weight_decay: bool = False,
+    ) -> None:
+        check_lr(lr)
+        check_betas(tuple(betas))
+        check_positive("eps", eps)
+        _check_common(weight_decay, lower_bound, estimate_lower_bound)
+        if not isinstance(decoupled_weight_decay, bool):
+            raise ValueError(
+                f"Invalid decoupled_weight_decay={decoupled_weight_decay!r}: it must be True or False."
+            )
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            lower_bound=lower_bound,
+            estimate_lower_bound=estimate_lower_bound,
+            decoupled_weight_decay=decoupled_weight_decay,
+        )
+        super().__init__(params, defaults)
+
+    def _beta(self, group: dict[str, Any]) -> float:
+        return float(group["betas"][0])
+
+    def _rho(self, k: int, group: dict[str, Any]) -> float:
+        return 1.0 - float(group["betas"][0]) ** k
+
+    def _init_param_state(self, p: Tensor) -> dict[str, Tensor]:
+        return {
+            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+        }
+
+    def _update_moments(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], list[Tensor], float]:
+        beta2 = float(g.group["betas"][1])
+        d = [s["exp_avg"] for s in g.states]
+        v = [s["exp_avg_sq"] for s in g.states]
+        torch._foreach_lerp_(d, g.grads, weight)
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, g.grads, g.grads, value=1.0 - beta2)
+        # D = eps + sqrt(v / c2) = (sqrt(v) + eps * sqrt(c2)) / sqrt(c2): with denom = sqrt(v) + eps sqrt(c2),
+        # D^{-1} d = sqrt(c2) * (d / denom), one elementwise pass fewer than forming D itself.
+        # The result goes into a persistent workspace (not part of the state): allocating n floats per
+        # step cost more than the arithmetic on CPU (page faults), see benchmarks/bench_momo.py.
+        root_c2 = math.sqrt(1.0 - beta2**k)
+        work = self._workspace(g)
+        for vi, wi in zip(v, work):
+            torch.sqrt(vi, out=wi)
+        torch._foreach_add_(work, float(g.group["eps"]) * root_c2)
+        for di, wi in zip(d, work):
+            torch.div(di, wi, out=wi)
+        return d, work, root_c2
+
+    def _workspace(self, g: _Group) -> list[Tensor]:
+        """One scratch tensor per parameter (the real view's shape), reused across steps."""
+        store: dict[Tensor, Tensor] | None = self.__dict__.get("_scratch")
+        if store is None:
+            store = self.__dict__["_scratch"] = {}
+        out = []
+        for p, x in zip(g.tensors, g.params):
+            w = store.get(p)
+            if w is None or w.shape != x.shape or w.dtype != x.dtype or w.device != x.device:
+                w = store[p] = torch.empty_like(x, memory_format=torch.contiguous_format)
+            out.append(w)
+        return out
+
+    def _apply(self, g: _Group, tau: float, direction: list[Tensor], scale: float) -> None:
+        lr, wd = float(g.group["lr"]), float(g.group["weight_decay"])
+        if wd != 0.0 and g.group["decoupled_weight_decay"]:
+            torch._foreach_mul_(g.params, 1.0 - wd * lr)
+            if tau > 0.0:
+                torch._foreach_add_(g.params, direction, alpha=-tau * scale)
+            return
+        if tau > 0.0:
+            torch._foreach_add_(g.params, direction, alpha=-tau * scale)
+        if wd != 0.0:
+            torch._foreach_mul_(g.params, 1.0 / (1.0 + lr * wd))
+
+
+def _check_common(weight_decay: float, lower_bound: float, estimate_lower_bound: bool) -> None:
+    if not (isinstance(weight_decay, (int, float)) and math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"Invalid weight_decay={weight_decay!r}: it must be a finite number >= 0.")
+    if not (isinstance(lower_bound, (int, float)) and math.isfinite(lower_bound)):
+        raise ValueError(
+            f"Invalid lower_bound={lower_bound!r}: it must be a finite number (a lower bound of the loss; "
+            "0 for non-negative losses)."
+        )
+    if not isinstance(estimate_lower_bound, bool):
+        raise ValueError(f"Invalid estimate_lower_bound={estimate_lower_bound!r}: it must be True or False.")
