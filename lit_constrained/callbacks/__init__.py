@@ -1,1 +1,2 @@
+from .lipschitz import LipschitzEstimator, reset_all_parameters
 from .violation import ConstraintViolationMonitor
