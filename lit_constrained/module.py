@@ -124,10 +124,10 @@ class ConstrainedModule(pl.LightningModule):
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
         if stage == "fit":
-            self._check_trainer()
+            self._check_trainer(self.trainer)
 
-    def _check_trainer(self) -> None:
-        trainer = self.trainer
+    def _check_trainer(self, trainer: Any) -> None:
+        """Reject Trainer settings that cannot work with constrained manual optimization."""
         precision = str(trainer.precision)
         if precision.startswith("16"):
             raise ValueError(

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from ..data import EpochShuffleSampler
 from ..module import ConstrainedModule
 
 
@@ -37,7 +38,8 @@ class CurveData(pl.LightningDataModule):
         self.val_set = TensorDataset(x_val, target(x_val))
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.hparams.batch_size, shuffle=True)
+        sampler = EpochShuffleSampler(len(self.train_set), seed=self.hparams.seed)
+        return DataLoader(self.train_set, batch_size=self.hparams.batch_size, sampler=sampler)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=len(self.val_set))

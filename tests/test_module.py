@@ -1,0 +1,205 @@
+"""ConstrainedModule + TrainingStepper: training, bad input, checkpoints."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from lightning_helpers import quiet_trainer  # noqa: E402
+
+from lit_constrained.module import ConstrainedModule  # noqa: E402
+from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall  # noqa: E402
+from lit_constrained.tasks.curve import CurveData, CurveFit  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        functools.partial(SQPAdam, lr=0.01, rho="full"),
+        functools.partial(SQPHeavyBall, lr=0.05, rho="full"),
+        functools.partial(AdamCon, lr=0.01, rho="full"),
+    ],
+    ids=["SQPAdam", "SQPHeavyBall", "AdamCon"],
+)
+def test_hard_constrained_optimizers_reach_feasibility(optimizer):
+    torch.manual_seed(0)
+    model = CurveFit(optimizer=optimizer)
+    data = CurveData(num_samples=64, batch_size=64)
+    c0 = model.constraints(None).detach().abs().max()
+    trainer = quiet_trainer(max_steps=200, limit_val_batches=0)
+    trainer.fit(model, data)
+    assert trainer.global_step == 200
+    assert model.last_step.constraints.abs().max() < 1e-4 < c0
+    assert model.constraints(None).detach().abs().max() < 1e-4
+
+
+def test_torch_optimizer_gets_nothing_extra_and_trains():
+    torch.manual_seed(0)
+    model = CurveFit(optimizer=functools.partial(torch.optim.Adam, lr=0.01))
+    data = CurveData(num_samples=64, batch_size=64)
+    with torch.no_grad():
+        f0 = model.objective(next(iter(data.train_dataloader())))
+    trainer = quiet_trainer(max_steps=50, limit_val_batches=0)
+    trainer.fit(model, data)
+    assert model.last_step.objective < f0
+
+
+def test_penalty_option_adds_mean_squared_constraints():
+    model = CurveFit(penalty_weight=10.0, optimizer=functools.partial(torch.optim.SGD, lr=0.0))
+    data = CurveData(num_samples=8, batch_size=8)
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=0)
+    trainer.fit(model, data)
+    batch = next(iter(data.train_dataloader()))
+    # lr = 0: the weights did not move, so the reported objective is f + 10 mean(c^2) at them
+    expected = model.objective(batch) + 10.0 * model.constraints(batch).pow(2).mean()
+    # the dataloader shuffles, so recompute on the whole (single) batch in any order
+    torch.testing.assert_close(model.last_step.objective, expected.detach(), rtol=1e-5, atol=1e-7)
+
+
+class BadTask(ConstrainedModule):
+    def __init__(self, mode: str = "2d", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.mode = mode
+        self.net = torch.nn.Linear(1, 1)
+        self.calls = 0
+
+    def objective(self, batch):
+        x, y = batch
+        f = (self.net(x) - y).pow(2).mean()
+        if self.mode == "nan" and self.calls >= 2:
+            f = f * float("nan")
+        self.calls += 1
+        return f
+
+    def constraints(self, batch):
+        out = self.net(torch.ones(3, 1))
+        if self.mode == "2d":
+            return out
+        if self.mode == "scalar":
+            return out.sum()
+        if self.mode == "nograd":
+            return out.detach().squeeze(-1)
+        if self.mode == "varying":
+            return out.squeeze(-1)[: 1 + self.calls % 2]
+        return out.squeeze(-1) - 1.0
+
+
+@pytest.mark.parametrize(
+    "mode,message",
+    [
+        ("2d", r"BadTask.constraints\(\) must return a 1-D tensor .* shape \(3, 1\)"),
+        ("scalar", r"BadTask.constraints\(\) must return a 1-D tensor .* shape \(\)"),
+        ("nograd", r"BadTask.constraints\(\) returned a tensor without grad \(shape \(3,\)\)"),
+        ("varying", r"returned 1 constraints, but 2 at the previous step"),
+    ],
+)
+def test_bad_constraints_are_clear_errors(mode, message):
+    model = BadTask(mode=mode, optimizer=functools.partial(SQPAdam, lr=0.01))
+    with pytest.raises(ValueError, match=message):
+        quiet_trainer(max_steps=4, limit_val_batches=0).fit(model, CurveData(num_samples=4, batch_size=4))
+
+
+def test_nan_objective_stops_with_the_step_and_weights_stay_finite(tmp_path):
+    model = BadTask(mode="nan", on_nonfinite="raise", optimizer=functools.partial(SQPAdam, lr=0.01))
+    with pytest.raises(FloatingPointError, match="at step 2"):
+        quiet_trainer(max_steps=5, limit_val_batches=0).fit(model, CurveData(num_samples=4, batch_size=4))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_nan_objective_can_skip_the_batch():
+    model = BadTask(mode="nan", on_nonfinite="skip", optimizer=functools.partial(SQPAdam, lr=0.01))
+    trainer = quiet_trainer(max_epochs=4, limit_val_batches=0)
+    trainer.fit(model, CurveData(num_samples=4, batch_size=4))
+    assert trainer.global_step == 2  # the two finite steps; the later batches were skipped
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "trainer_kwargs,message",
+    [
+        ({"gradient_clip_val": 1.0}, "gradient_clip_val"),
+        ({"accumulate_grad_batches": 2}, "accumulate_grad_batches"),
+    ],
+)
+def test_unsupported_trainer_settings_fail_at_setup(trainer_kwargs, message):
+    model = CurveFit(optimizer=functools.partial(SQPAdam, lr=0.01))
+    # Lightning's own check (MisconfigurationException) may fire before the module's setup check
+    with pytest.raises(Exception, match=message):
+        quiet_trainer(max_steps=1, **trainer_kwargs).fit(model, CurveData(num_samples=4, batch_size=4))
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "16-true"])
+def test_fp16_precision_is_rejected(precision):
+    # on a CPU, Lightning itself turns 16-mixed into bf16; on a GPU the module's check is what fires
+    from types import SimpleNamespace
+
+    model = CurveFit()
+    fake = SimpleNamespace(precision=precision, strategy=object(), gradient_clip_val=None, accumulate_grad_batches=1)
+    with pytest.raises(ValueError, match="bf16-mixed"):
+        model._check_trainer(fake)
+
+
+def test_fsdp_is_rejected():
+    from types import SimpleNamespace
+
+    FSDPStrategy = type("FSDPStrategy", (), {})
+    fake = SimpleNamespace(precision="32-true", strategy=FSDPStrategy(), gradient_clip_val=None, accumulate_grad_batches=1)
+    with pytest.raises(ValueError, match="strategy='ddp'"):
+        CurveFit()._check_trainer(fake)
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [functools.partial(SQPAdam, lr=0.01), functools.partial(torch.optim.Adam, lr=0.01)],
+    ids=["SQPAdam", "torch.Adam"],
+)
+def test_checkpoint_resume_is_bit_exact(tmp_path, optimizer):
+    """2N steps == N steps, checkpoint, resume, N steps (checkpoint at an epoch boundary: Lightning
+    restarts a partially seen epoch's sampler, so a mid-epoch resume sees other batches)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def make():
+        torch.manual_seed(0)
+        scheduler = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=3, gamma=0.5)
+        return CurveFit(optimizer=optimizer, lr_scheduler=scheduler), CurveData(num_samples=32, batch_size=8)
+
+    model, data = make()
+    every = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=8, save_top_k=-1)
+    quiet_trainer(max_steps=16, limit_val_batches=0, enable_checkpointing=True, callbacks=[every]).fit(model, data)
+    straight = [p.detach().clone() for p in model.parameters()]
+    half = next(tmp_path.glob("*step=8.ckpt"))  # 4 batches per epoch: step 8 ends epoch 1
+
+    model, data = make()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # the checkpoint must restore everything
+    trainer = quiet_trainer(max_steps=16, limit_val_batches=0)
+    trainer.fit(model, data, ckpt_path=half, weights_only=False)
+    assert trainer.global_step == 16
+    for a, b in zip(model.parameters(), straight):
+        assert torch.equal(a.detach(), b)
+
+
+def test_load_from_checkpoint_rebuilds_the_optimizer(tmp_path):
+    model = CurveFit(hidden=8, optimizer=functools.partial(SQPHeavyBall, lr=0.02, rho="full"))
+    trainer = quiet_trainer(max_steps=2, limit_val_batches=0)
+    trainer.fit(model, CurveData(num_samples=8, batch_size=8))
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    loaded = CurveFit.load_from_checkpoint(tmp_path / "m.ckpt", weights_only=False)
+    assert loaded.hparams.hidden == 8
+    opt = loaded.configure_optimizers()
+    assert isinstance(opt, SQPHeavyBall) and opt.param_groups[0]["lr"] == 0.02 and opt.rho == "full"
+
+
+def test_validation_logs_task_metrics_with_input_derivatives_available():
+    model = CurveFit(optimizer=functools.partial(SQPAdam, lr=0.01))
+    trainer = quiet_trainer(max_steps=2)
+    trainer.fit(model, CurveData(num_samples=8, batch_size=8))
+    result = trainer.validate(model, CurveData(num_samples=8, batch_size=8), verbose=False)[0]
+    assert {"val/objective", "val/mse", "val/violation_max"} <= set(result)
