@@ -116,6 +116,9 @@ class LipschitzEstimator(Callback):
     - :math:`T` = ``trainer.estimated_stepping_batches`` (one optimizer step per training batch, as in
       ``ConstrainedModule``'s training step).
 
+    The loss is ``objective(batch)`` alone: a ``ConstrainedModule``'s constraints and its optional
+    penalty term are not part of it.
+
     Honest caveat (also in :class:`~lit_constrained.optim.ConstantStepAdam`): the paper's theorems use
     a *smoothness* constant :math:`K` (Lipschitz constant of the gradient), while Algorithms 2/3 estimate
     a bound on the *gradient norm*, i.e. the Lipschitz constant of the loss itself. This callback follows

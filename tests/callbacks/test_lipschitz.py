@@ -266,9 +266,20 @@ def test_seed_makes_the_samples_reproducible_and_independent_of_the_global_rng()
         task = BNDropoutTask(optimizer="adam", lr=1e-3)
         torch.manual_seed(global_seed)  # a different global RNG (dropout masks) when the fit starts
         est = LipschitzEstimator(num_samples=4, seed=123, apply_to_any_optimizer=True)
-        _trainer(max_epochs=1, callbacks=[est]).fit(task, train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=10))
+        loader = DataLoader(TensorDataset(x, y), batch_size=10)
+        _trainer(max_epochs=1, callbacks=[est]).fit(task, train_dataloaders=loader)
         results.append(est.sample_norms)
     assert results[0] == results[1]
+
+    unseeded = []
+    for global_seed in (1, 2):
+        torch.manual_seed(7)
+        task = BNDropoutTask(optimizer="adam", lr=1e-3)
+        torch.manual_seed(global_seed)
+        est = LipschitzEstimator(num_samples=4, seed=None, apply_to_any_optimizer=True)
+        _trainer(max_epochs=1, callbacks=[est]).fit(task, train_dataloaders=loader)
+        unseeded.append(est.sample_norms)
+    assert unseeded[0] != unseeded[1]  # without a seed the draws follow the global RNG
 
 
 # ---------------------------------------------------------------------------- which groups get alpha
@@ -282,6 +293,24 @@ def test_default_leaves_other_optimizers_alone_and_warns():
         trainer.fit(LeastSquares(w0.tolist(), optimizer="adam", lr=1e-3), train_dataloaders=_loader(a, b, 5))
     assert trainer.optimizers[0].param_groups[0]["lr"] == 1e-3
     assert est.lr is not None and est.lr != 1e-3
+
+
+class LeastSquaresWithScheduler(LeastSquares):
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.Adam(self.parameters(), lr=1e-3)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 0.25)}
+
+
+def test_apply_to_any_optimizer_rescales_a_scheduler():
+    a, b, w0, cand = _least_squares_problem()
+    est = LipschitzEstimator(num_samples=2, sampler=CyclingSampler(cand), apply_to_any_optimizer=True)
+    trainer = _trainer(max_epochs=1, callbacks=[est])
+    with pytest.warns(UserWarning, match="scheduler"):
+        trainer.fit(LeastSquaresWithScheduler(w0.tolist()), train_dataloaders=_loader(a, b, 5))
+    group = trainer.optimizers[0].param_groups[0]
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    assert scheduler.base_lrs == [est.lr] and group["initial_lr"] == est.lr
+    assert group["lr"] == pytest.approx(0.25 * est.lr, rel=1e-12)  # the schedule's factor is kept
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -536,3 +565,68 @@ def test_ddp_ranks_agree_and_match_the_single_process_numbers(tmp_path):
     assert lhat_mini == pytest.approx(expected_mini, rel=1e-12)
     assert lr_full == pytest.approx(math.sqrt(2 * l0 / (lhat_full * 2)), rel=1e-12)
     assert records[0]["opt_lr"] == lr_mini  # the last estimator wrote last
+
+
+# ---------------------------------------------------------------------------- with a real ConstrainedModule
+
+
+def test_with_constrained_module_curve_fit():
+    from functools import partial
+
+    from lit_constrained.tasks.curve import CurveData, CurveFit
+
+    torch.manual_seed(0)
+    data = CurveData(num_samples=256, batch_size=64, seed=0)
+    task = CurveFit(hidden=16, optimizer=partial(ConstantStepAdam, lr=None))
+    net0 = copy.deepcopy(task.net)
+    est = LipschitzEstimator(num_samples=4, mode="full", seed=5)
+    trainer = _trainer(max_epochs=2, callbacks=[est], limit_val_batches=0)
+    trainer.fit(task, datamodule=data)
+
+    # independent: the full objective is the MSE over all 256 samples (4 equal batches)
+    x, y = data.train_set.tensors
+    with torch.no_grad():
+        l0 = float((net0(x) - y).pow(2).mean())
+    torch.manual_seed(5)
+    norms = []
+    for _ in range(4):
+        for m in net0.modules():
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+        g = torch.autograd.grad((net0(x) - y).pow(2).mean(), list(net0.parameters()))
+        norms.append(float(torch.cat([t.reshape(-1) for t in g]).norm()))
+    assert est.initial_loss == pytest.approx(l0, rel=1e-5)
+    assert est.lipschitz == pytest.approx(max(norms), rel=1e-5)
+    assert est.total_steps == 2 * 4
+    assert trainer.optimizers[0].param_groups[0]["lr"] == est.lr == pytest.approx(
+        math.sqrt(2 * l0 / (max(norms) * 8)), rel=1e-5
+    )
+    assert task.last_step is not None and torch.isfinite(task.last_step.objective)
+
+
+def test_apply_to_any_optimizer_with_sqp_adam():
+    from functools import partial
+
+    from lit_constrained.optim import SQPAdam
+    from lit_constrained.tasks.curve import CurveData, CurveFit
+
+    torch.manual_seed(0)
+    task = CurveFit(hidden=8, optimizer=partial(SQPAdam, lr=1e-3))
+    est = LipschitzEstimator(num_samples=2, seed=0, apply_to_any_optimizer=True)
+    trainer = _trainer(max_epochs=1, callbacks=[est], limit_val_batches=0)
+    trainer.fit(task, datamodule=CurveData(num_samples=64, batch_size=32))
+    assert trainer.optimizers[0].param_groups[0]["lr"] == est.lr != 1e-3
+
+
+def test_configurable_from_the_cli_types():
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(LipschitzEstimator, "est")
+    cfg = parser.parse_args(
+        ["--est.mode=minibatch", "--est.num_samples=3", "--est.max_batches=5",
+         "--est.sampler=lit_constrained.callbacks.lipschitz.reset_all_parameters"]
+    )
+    est = parser.instantiate_classes(cfg).est
+    assert (est.mode, est.num_samples, est.max_batches) == ("minibatch", 3, 5)
+    assert est.sampler.__name__ == "reset_all_parameters"
