@@ -65,7 +65,8 @@ Details:
 * Inner products are taken per tensor in the parameter dtype and summed in float64 on the host; the
   scalars :math:`k, \bar f, \gamma, f^*` are Python floats. One step costs two host syncs.
 * ``optimizer.state`` holds everything the trajectory depends on: ``state["momo"]`` (``step``,
-  ``loss_avg``, ``gamma``, ``lower_bound``), ``state["group<i>"]`` (``tau``, ``zeta``: the last step
+  ``loss_avg``, ``gamma``, ``lower_bound``: the :math:`f^*` of the next step, and
+  ``lower_bound_used``: the one this step used, after ResetStar), ``state["group<i>"]`` (``tau``, ``zeta``: the last step
   size and adaptive term of group i) and the per-parameter moments, so ``state_dict()`` /
   ``load_state_dict()`` resume the exact trajectory. Complex parameters are treated as pairs of reals.
 """
@@ -262,15 +263,14 @@ class _MoMoBase(Optimizer):
                 "the (already back-propagated) loss, e.g. loss.backward(); opt.step(lambda: loss)."
             )
         with torch.enable_grad():
-            loss = closure()
+            value = closure()
         self._check_groups()
-        if not isinstance(loss, Tensor):
-            loss = torch.as_tensor(loss, dtype=torch.float64)
+        loss = value if isinstance(value, Tensor) else torch.as_tensor(value, dtype=torch.float64)
         if loss.numel() != 1:
             raise ValueError(f"The closure must return a scalar loss; got a tensor of shape {tuple(loss.shape)}.")
         with torch.no_grad():
             self._step(loss.detach().reshape(1))
-        return loss
+        return value
 
     @torch.no_grad()
     def _step(self, loss: Tensor) -> None:
@@ -312,7 +312,7 @@ class _MoMoBase(Optimizer):
             sizes.append(len(d))
         host = _host(*pieces)
         dx_parts, dnorms = [], []
-        for i, (n, s) in enumerate(zip(sizes, scales)):
+        for n, s in zip(sizes, scales):
             dx_parts.append(math.fsum(host[:n]))
             dnorms.append(s * math.fsum(host[n : 2 * n]))
             host = host[2 * n :]

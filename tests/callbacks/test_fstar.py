@@ -180,3 +180,33 @@ def test_with_constrained_module_and_momo_adam(tmp_path: Path) -> None:
     for k, (tau, zeta) in enumerate(zip(series["fstar/tau"], series["fstar/zeta"]), start=1):
         assert tau == pytest.approx(min(0.1 / (1 - 0.9**k), zeta), rel=1e-6)
     assert series["fstar/lower_bound"][-1] == pytest.approx(trainer.optimizers[0].state["momo"]["lower_bound"])
+
+
+def test_a_resumed_run_continues_the_same_step_sizes(tmp_path: Path) -> None:
+    """Lightning checkpoints keep MoMo's string-keyed state: 4 + 4 steps with a resume == 8 straight."""
+    from lit_constrained.tasks.curve import CurveData, CurveFit
+
+    class FullBatch(CurveData):  # every step sees the same batch, whatever the epoch bookkeeping on resume
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(self.train_set, batch_size=len(self.train_set), shuffle=False)
+
+    def make_task() -> CurveFit:
+        torch.manual_seed(0)
+        return CurveFit(hidden=8, optimizer=functools.partial(MoMoAdam, lr=0.1, estimate_lower_bound=True))
+
+    def fit(path: Path, steps: int, ckpt: str | None = None) -> tuple[CurveFit, dict[str, list[float]]]:
+        task = make_task()
+        trainer = _trainer(path, [FStarMonitor()], steps, limit_val_batches=0)
+        # weights_only=False: the checkpoint holds the optimizer callable (a functools.partial)
+        trainer.fit(task, datamodule=FullBatch(num_samples=32), ckpt_path=ckpt, weights_only=False)
+        if ckpt is None:
+            trainer.save_checkpoint(path / "end.ckpt")
+        return task, _csv_series(path)
+
+    straight, s_series = fit(tmp_path / "straight", 8)
+    fit(tmp_path / "first", 4)
+    resumed, r_series = fit(tmp_path / "resumed", 8, ckpt=str(tmp_path / "first" / "end.ckpt"))
+    for key in ("fstar/tau", "fstar/zeta", "fstar/lower_bound"):
+        assert r_series[key] == pytest.approx(s_series[key][4:], rel=1e-6), key
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
