@@ -1,3 +1,18 @@
-"""lit_constrained: hard equality constraints during training, with PyTorch Lightning."""
+"""lit_constrained: hard equality constraints during training, with PyTorch Lightning.
+
+``lit_constrained.optim`` is pure PyTorch; the Lightning layer (``ConstrainedModule``) is imported
+lazily so that importing the optimizers does not import Lightning.
+"""
+
+from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["ConstrainedModule", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ConstrainedModule":
+        from .module import ConstrainedModule
+
+        return ConstrainedModule
+    raise AttributeError(f"module 'lit_constrained' has no attribute {name!r}")
