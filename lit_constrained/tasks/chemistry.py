@@ -1,0 +1,263 @@
+"""The chemical reaction network task (2601.11795 section 5.2): an ODE-informed surrogate MLP.
+
+The network maps (initial condition, time) to the state, :math:`u_\\theta(u_0, t) \\in \\mathbb{R}^4`
+(5 -> 64 x 3 tanh -> 4). With the rate matrix K and the mass-balance weights w (:math:`w^T K = 0`),
+the residuals at a row :math:`x = (u_0, t)` are
+
+.. math::
+
+    r_\\theta(x) = \\partial_t u_\\theta(x) - K u_\\theta(x) \\in \\mathbb{R}^4, \\qquad
+    b_\\theta(x) = w^T \\partial_t u_\\theta(x) \\in \\mathbb{R}
+
+(:math:`\\partial_t` by forward-mode AD, one pass for the 4 outputs, or by 4 reverse passes). Over a
+batch B with labeled rows L (a fixed random 20 % of all rows):
+
+.. math::
+
+    f(\\theta) = w_r \\operatorname{mean}_{B} \\|r_\\theta\\|^2 / 4 + w_b \\operatorname{mean}_{B} b_\\theta^2
+        + w_d \\operatorname{mean}_{L \\cap B} \\|u_\\theta - u\\|^2 / 4,
+    \\qquad w_r = w_b = 10^{-2},\\ w_d = 1,
+
+    c(\\theta) = \\big(b_\\theta(x_1), \\dots, b_\\theta(x_m)\\big) = 0 \\quad (m = 10 \\text{ fixed random rows}).
+
+Optional fixed affine normalization (``normalize=True``, off in the faithful reproduction):
+:math:`u_\\theta(x) = \\mu_u + \\sigma_u \\odot N_\\theta((x - \\mu_x) / \\sigma_x)` with constants from the
+problem itself (nominal trajectory, initial-condition spread, time horizon); the objective and the
+constraints stay in physical units, and autograd differentiates through the affine maps, so
+:math:`\\partial_t u` carries the factor :math:`\\sigma_u / \\sigma_t` exactly.
+
+Test metrics on held-out initial conditions: ``mse`` and ``rel_l2`` (``||u_theta - u|| / ||u||``).
+The data live in :mod:`lit_constrained.tasks.chemistry_data` (re-exported here).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch import Tensor
+
+from lit_constrained.module import ConstrainedModule
+from lit_constrained.tasks.chemistry_data import (
+    MASS_WEIGHTS,
+    RATES,
+    U0_NOMINAL,
+    ChemistryData,
+    ModalSolution,
+    chemistry_exact,
+    chemistry_odeint,
+    generate_chemistry,
+    reaction_matrix,
+)
+from lit_constrained.tasks.common import DTypeName, cast_floats, log_figure, mlp, torch_dtype
+
+__all__ = [
+    "Chemistry",
+    "ChemistryData",
+    "DerivativeMode",
+    "ModalSolution",
+    "chemistry_exact",
+    "chemistry_odeint",
+    "generate_chemistry",
+    "state_and_rate",
+]
+
+DerivativeMode = Literal["forward", "reverse"]
+
+#: column of the time in the input x = (u0, t)
+TIME_COLUMN = 4
+
+
+def state_and_rate(
+    u_fn: Callable[[Tensor], Tensor], x: Tensor, mode: DerivativeMode = "forward"
+) -> tuple[Tensor, Tensor]:
+    """``(u, du/dt)`` of a row-wise ``u_fn`` at inputs ``x`` (N, 5) whose last column is t.
+
+    ``mode="forward"``: one forward-mode pass (a dual tangent e_t); ``"reverse"``: one
+    ``torch.autograd.grad(create_graph=True)`` per output. Both results stay differentiable with
+    respect to the parameters of ``u_fn``.
+    """
+    if x.dim() != 2 or x.shape[1] <= TIME_COLUMN:
+        raise ValueError(f"x must have shape (N, 5) = (u0, t) rows, got {tuple(x.shape)}.")
+    if mode == "forward":
+        tangent = torch.zeros_like(x)
+        tangent[:, TIME_COLUMN] = 1.0
+        with fwAD.dual_level():
+            out = u_fn(fwAD.make_dual(x, tangent))
+            u, rate = fwAD.unpack_dual(out)
+        if rate is None:  # u_fn does not depend on t
+            rate = torch.zeros_like(u)
+        return u, rate
+    if mode == "reverse":
+        with torch.enable_grad():
+            x = x.detach().requires_grad_(True)
+            u = u_fn(x)
+            columns = [
+                torch.autograd.grad(u[:, j], x, torch.ones_like(u[:, j]), create_graph=True)[0][:, TIME_COLUMN]
+                for j in range(u.shape[1])
+            ]
+        return u, torch.stack(columns, dim=1)
+    raise ValueError(f"derivative mode must be 'forward' or 'reverse', got {mode!r}.")
+
+
+class Chemistry(ConstrainedModule):
+    """The 1-butene reaction network: data + ODE + mass-balance terms, mass balance = 0 at m rows.
+
+    Pair it with :class:`ChemistryData` (same ``rates``; ``t_max``/``ic_spread`` only set the
+    optional normalization).
+
+    Args:
+        hidden: width of the hidden layers.
+        depth: number of hidden layers.
+        rates: the five rate constants c1..c5.
+        residual_weight: weight of the mean squared ODE residual.
+        mass_weight: weight of the mean squared mass-balance residual.
+        data_weight: weight of the mean squared error on the labeled rows.
+        normalize: fixed affine normalization of inputs and outputs (off: the paper's setting).
+        t_max: time horizon (for the normalization).
+        ic_spread: half-width of the initial-condition perturbation (for the normalization).
+        derivative: ``"forward"`` (forward-mode AD, default, faster) or ``"reverse"`` for du/dt.
+        dtype: ``"float32"`` or ``"float64"`` for the network (batches are cast to it).
+        **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
+    """
+
+    def __init__(
+        self,
+        hidden: int = 64,
+        depth: int = 3,
+        rates: list[float] = list(RATES),  # noqa: B006
+        residual_weight: float = 1e-2,
+        mass_weight: float = 1e-2,
+        data_weight: float = 1.0,
+        normalize: bool = False,
+        t_max: float = 10.0,
+        ic_spread: float = 1.0,
+        derivative: DerivativeMode = "forward",
+        dtype: DTypeName = "float32",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        for name, value in (("residual_weight", residual_weight), ("mass_weight", mass_weight),
+                            ("data_weight", data_weight)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}.")
+        if derivative not in ("forward", "reverse"):
+            raise ValueError(f"derivative must be 'forward' or 'reverse', got {derivative!r}.")
+        if t_max <= 0 or ic_spread <= 0:
+            raise ValueError(f"t_max and ic_spread must be > 0, got {t_max}, {ic_spread}.")
+        self.residual_weight = float(residual_weight)
+        self.mass_weight = float(mass_weight)
+        self.data_weight = float(data_weight)
+        self.derivative: DerivativeMode = derivative
+        self.net = mlp(5, hidden, depth, 4)
+        self.register_buffer("rate_matrix", torch.as_tensor(reaction_matrix(rates)))
+        self.register_buffer("mass_weights", torch.as_tensor(MASS_WEIGHTS, dtype=torch.float64))
+        shifts = self._normalization(rates, t_max, ic_spread) if normalize else None
+        self.register_buffer("in_shift", torch.zeros(5) if shifts is None else shifts[0])
+        self.register_buffer("in_scale", torch.ones(5) if shifts is None else shifts[1])
+        self.register_buffer("out_shift", torch.zeros(4) if shifts is None else shifts[2])
+        self.register_buffer("out_scale", torch.ones(4) if shifts is None else shifts[3])
+        self.to(torch_dtype(dtype))
+
+    @staticmethod
+    def _normalization(rates: list[float], t_max: float, ic_spread: float) -> tuple[Tensor, ...]:
+        """Constants of the problem, not of a dataset: inputs centred on the nominal initial
+        condition and t_max / 2 with the uniform distributions' standard deviations; outputs
+        centred/scaled by the mean/std over time of the nominal trajectory."""
+        times = np.linspace(0.0, t_max, 256)
+        trajectory = chemistry_exact(np.asarray([U0_NOMINAL]), times, rates)[0]
+        in_shift = torch.tensor([*U0_NOMINAL, t_max / 2.0], dtype=torch.float64)
+        in_scale = torch.tensor([ic_spread / math.sqrt(3.0)] * 4 + [t_max / math.sqrt(12.0)], dtype=torch.float64)
+        out_shift = torch.as_tensor(trajectory.mean(axis=0))
+        out_scale = torch.as_tensor(trajectory.std(axis=0))
+        return in_shift, in_scale, out_shift, out_scale
+
+    # -- the model and the physics ------------------------------------------------------------
+
+    def forward(self, x: Tensor) -> Tensor:
+        """u(u0, t) for rows x = (u0, t) of shape (N, 5); returns (N, 4)."""
+        return self.out_shift + self.out_scale * self.net((x - self.in_shift) / self.in_scale)
+
+    def state_and_rate(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(u, du/dt) of the network at rows x, both (N, 4)."""
+        return state_and_rate(self, x, self.derivative)
+
+    def ode_residual(self, u: Tensor, rate: Tensor) -> Tensor:
+        """du/dt - K u, (N, 4)."""
+        return rate - u @ self.rate_matrix.T
+
+    def mass_residual(self, rate: Tensor) -> Tensor:
+        """w^T du/dt, (N,)."""
+        return rate @ self.mass_weights
+
+    def objective(self, batch: dict[str, Tensor]) -> Tensor:
+        u, rate = self.state_and_rate(batch["x"])
+        f = self.residual_weight * self.ode_residual(u, rate).pow(2).mean()
+        f = f + self.mass_weight * self.mass_residual(rate).pow(2).mean()
+        labeled = batch["labeled"]
+        if bool(labeled.any()):
+            f = f + self.data_weight * (u[labeled] - batch["u"][labeled]).pow(2).mean()
+        return f
+
+    def constraints(self, batch: dict[str, Tensor]) -> Tensor:
+        _, rate = self.state_and_rate(batch["x_con"])
+        return self.mass_residual(rate)
+
+    def validation_constraints(self, batch: dict[str, Tensor]) -> Tensor:
+        """The mass-balance residual at every row of the (held-out) batch."""
+        _, rate = self.state_and_rate(batch["x"])
+        return self.mass_residual(rate)
+
+    def evaluation_metrics(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
+        """``mse`` and ``rel_l2`` against the exact solution on all rows of the batch."""
+        with torch.no_grad():
+            error = self(batch["x"]) - batch["u"]
+            return {
+                "mse": error.pow(2).mean(),
+                "rel_l2": error.norm() / batch["u"].norm(),
+            }
+
+    # -- Lightning hooks ----------------------------------------------------------------------
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return cast_floats(super().on_after_batch_transfer(batch, dataloader_idx), self.dtype)
+
+    def on_fit_end(self) -> None:
+        super().on_fit_end()
+        if self._trainer is None or not self.trainer.is_global_zero:
+            return
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if not isinstance(datamodule, ChemistryData) or not datamodule.arrays:
+            return
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        if any(isinstance(lg, TensorBoardLogger) for lg in self.trainer.loggers):
+            log_figure(self, "prediction", self.prediction_figure(datamodule.arrays))
+
+    @torch.no_grad()
+    def prediction_figure(self, arrays: dict[str, Any], n_curves: int = 2) -> Any:
+        """Exact (lines) and predicted (dashed) trajectories of held-out initial conditions."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        n_times = len(arrays["times"])
+        fig, axes = plt.subplots(1, n_curves, figsize=(5 * n_curves, 3.5), squeeze=False)
+        for i, ax in enumerate(axes[0]):
+            rows = slice(i * n_times, (i + 1) * n_times)
+            x = torch.as_tensor(arrays["x_test"][rows], dtype=self.dtype, device=self.device)
+            pred = self(x).double().cpu().numpy()
+            for j in range(4):
+                color = f"C{j}"
+                ax.plot(arrays["times"], arrays["u_test"][rows, j], color=color, lw=2.5, alpha=0.5,
+                        label=f"u{j + 1} exact")
+                ax.plot(arrays["times"], pred[:, j], color=color, ls="--", label=f"u{j + 1} network")
+            ax.set(xlabel="t", ylabel="concentration", title=f"held-out initial condition {i}")
+        axes[0][0].legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        return fig

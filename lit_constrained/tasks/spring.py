@@ -1,0 +1,157 @@
+"""The 1D spring task (2601.11795 section 5.1): an ODE-informed MLP for a damped oscillator.
+
+The network :math:`u_\\theta(t)` (1 -> 32 x 3 tanh -> 1) is fitted to 10 observations in [0, 0.4]
+and the ODE residual
+
+.. math::
+
+    r_\\theta(t) = u_\\theta''(t) + \\mu u_\\theta'(t) + k u_\\theta(t)
+
+(input derivatives by nested ``torch.autograd.grad(create_graph=True)``):
+
+.. math::
+
+    f(\\theta) = \\frac{1}{n_d} \\sum_i (u_\\theta(t_i) - u_i)^2
+        + w_r \\frac{1}{n_r} \\sum_j r_\\theta(\\tau_j)^2, \\qquad w_r = 10^{-4},
+
+    c(\\theta) = \\big(r_\\theta(4/29),\\ r_\\theta(12/29),\\ r_\\theta(21/29)\\big) = 0 \\quad (m = 3).
+
+Test metric: the MSE against the exact solution on 500 points of [0, 1] (``val/mse``, ``test/mse``).
+The data live in :mod:`lit_constrained.tasks.spring_data` (re-exported here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_constrained.module import ConstrainedModule
+from lit_constrained.tasks.common import DTypeName, cast_floats, log_figure, mlp, torch_dtype
+from lit_constrained.tasks.spring_data import SpringData, spring_constants, spring_exact, spring_points
+
+__all__ = ["Spring", "SpringData", "spring_residual", "spring_exact", "spring_points"]
+
+
+def spring_residual(u_fn: Callable[[Tensor], Tensor], t: Tensor, mu: float, k: float) -> Tensor:
+    """:math:`u'' + \\mu u' + k u` of ``u_fn`` at the points ``t`` (N, 1); returns (N,).
+
+    Differentiable with respect to whatever ``u_fn`` depends on (``create_graph=True``). ``u_fn``
+    must act row-wise (row i of its output depends only on row i of its input).
+    """
+    with torch.enable_grad():
+        t = t.detach().requires_grad_(True)
+        u = u_fn(t)
+        ones = torch.ones_like(u)
+        (du,) = torch.autograd.grad(u, t, grad_outputs=ones, create_graph=True)
+        (ddu,) = torch.autograd.grad(du, t, grad_outputs=ones, create_graph=True)
+    return (ddu + mu * du + k * u).reshape(-1)
+
+
+class Spring(ConstrainedModule):
+    """The damped spring: data fit + weighted ODE residual, residual = 0 at 3 points.
+
+    Pair it with :class:`SpringData` (same ``mu`` and ``k``).
+
+    Args:
+        hidden: width of the hidden layers.
+        depth: number of hidden layers.
+        mu: friction coefficient (mass 1).
+        k: stiffness.
+        residual_weight: weight of the mean squared ODE residual in the objective.
+        dtype: ``"float32"`` or ``"float64"`` for the network (batches are cast to it).
+        **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
+    """
+
+    def __init__(
+        self,
+        hidden: int = 32,
+        depth: int = 3,
+        mu: float = 4.0,
+        k: float = 400.0,
+        residual_weight: float = 1e-4,
+        dtype: DTypeName = "float32",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        spring_constants(mu, k)  # validates the parameters (under-damped)
+        if residual_weight < 0:
+            raise ValueError(f"residual_weight must be >= 0, got {residual_weight}.")
+        self.mu = float(mu)
+        self.k = float(k)
+        self.residual_weight = float(residual_weight)
+        self.net = mlp(1, hidden, depth, 1)
+        self.to(torch_dtype(dtype))
+
+    # -- the model and the physics ------------------------------------------------------------
+
+    def forward(self, t: Tensor) -> Tensor:
+        """u(t) for t of shape (N, 1); returns (N, 1)."""
+        return self.net(t)
+
+    def residual(self, t: Tensor) -> Tensor:
+        """The ODE residual of the network at the points ``t`` (N, 1); returns (N,)."""
+        return spring_residual(self.net, t, self.mu, self.k)
+
+    def objective(self, batch: dict[str, Tensor]) -> Tensor:
+        data_error = (self(batch["t_data"]) - batch["u_data"]).pow(2).mean()
+        residual = self.residual(batch["t_res"]).pow(2).mean()
+        return data_error + self.residual_weight * residual
+
+    def constraints(self, batch: dict[str, Tensor]) -> Tensor:
+        return self.residual(batch["t_con"])
+
+    def validation_constraints(self, batch: dict[str, Tensor]) -> Tensor:
+        """The residual at every collocation point of the batch (the constraint points included)."""
+        return self.residual(torch.cat([batch["t_con"], batch["t_res"]]))
+
+    # -- Lightning hooks ----------------------------------------------------------------------
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return cast_floats(super().on_after_batch_transfer(batch, dataloader_idx), self.dtype)
+
+    def evaluation_metrics(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
+        """``mse``: mean squared error against the exact solution at the test points."""
+        with torch.no_grad():
+            return {"mse": (self(batch["t_test"]) - batch["u_test"]).pow(2).mean()}
+
+    def on_fit_end(self) -> None:
+        super().on_fit_end()
+        if self._trainer is None or not self.trainer.is_global_zero:
+            return
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if not isinstance(datamodule, SpringData) or not datamodule.arrays:
+            return
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        if any(isinstance(lg, TensorBoardLogger) for lg in self.trainer.loggers):
+            log_figure(self, "prediction", self.prediction_figure(datamodule.arrays))
+
+    @torch.no_grad()
+    def prediction_figure(self, arrays: dict[str, Any]) -> Any:
+        """The exact and predicted u(t) with the data, collocation and constraint points (as the
+        paper's Figure 2)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        def predict(t: Any) -> Any:
+            tt = torch.as_tensor(t, dtype=self.dtype, device=self.device)[:, None]
+            return self(tt)[:, 0].double().cpu().numpy()
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot(arrays["t_test"], arrays["u_test"], color="0.6", lw=3, label="exact")
+        ax.plot(arrays["t_test"], predict(arrays["t_test"]), color="tab:blue", label="network")
+        ax.scatter(arrays["t_data"], arrays["u_data"], color="tab:orange", zorder=3, label="data")
+        ax.scatter(arrays["t_res"], predict(arrays["t_res"]), color="tab:green", s=12, zorder=3,
+                   label="ODE residual points")
+        ax.scatter(arrays["t_con"], predict(arrays["t_con"]), color="tab:red", marker="x", s=50, zorder=4,
+                   label="constraints")
+        mse = float(((predict(arrays["t_test"]) - arrays["u_test"]) ** 2).mean())
+        ax.set(xlabel="t", ylabel="u(t)", title=f"Spring: test MSE {mse:.2e}")
+        ax.legend(fontsize=7, loc="upper right")
+        fig.tight_layout()
+        return fig
