@@ -1,0 +1,2 @@
+from .spring import Spring, SpringData
+from .chemistry import Chemistry, ChemistryData
