@@ -1,2 +1,3 @@
 from .spring import Spring, SpringData
 from .chemistry import Chemistry, ChemistryData
+from .burgers import Burgers, BurgersData

@@ -49,7 +49,7 @@ from lit_constrained.tasks.burgers_data import (
     initial_condition,
     method_of_lines,
 )
-from lit_constrained.tasks.common import DTypeName, autograd_batch, cast_floats, log_figure, mlp, torch_dtype
+from lit_constrained.tasks.common import DTypeName, cast_floats, log_figure, mlp, torch_dtype
 
 __all__ = [
     "Burgers",
@@ -231,23 +231,21 @@ class Burgers(ConstrainedModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return cast_floats(super().on_after_batch_transfer(batch, dataloader_idx), self.dtype)
 
-    def _evaluate(self, stage: str, batch: dict[str, Tensor], batch_idx: int) -> Any:
-        parent = super().validation_step if stage == "val" else super().test_step
-        # Lightning evaluates in inference mode; the residuals need autograd on the inputs.
-        with torch.inference_mode(False), torch.enable_grad():
-            batch = autograd_batch(batch)
-            out = parent(batch, batch_idx)
+    def _log_rel_l2(self, stage: str, batch: dict[str, Tensor]) -> None:
         metric = self.val_rel_l2 if stage == "val" else self.test_rel_l2
         with torch.no_grad():
             metric.update(self(batch["inputs"]), batch["u"])
         self.log(f"{stage}/rel_l2", metric, on_step=False, on_epoch=True, prog_bar=stage == "val")
-        return out
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Any:
-        return self._evaluate("val", batch, batch_idx)
+        out = super().validation_step(batch, batch_idx)
+        self._log_rel_l2("val", batch)
+        return out
 
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> Any:
-        return self._evaluate("test", batch, batch_idx)
+        out = super().test_step(batch, batch_idx)
+        self._log_rel_l2("test", batch)
+        return out
 
     def on_fit_end(self) -> None:
         super().on_fit_end()

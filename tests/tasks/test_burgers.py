@@ -23,6 +23,7 @@ from lit_constrained.tasks.burgers import (
     method_of_lines,
 )
 from lit_constrained.tasks.burgers_data import grid, initial_condition
+from lit_constrained.tasks.common import cast_floats
 
 SMALL = dict(n_train=2, n_val=1, n_test=1, data_rows_per_ic=200, n_constraints=10, seed=3)
 
@@ -238,26 +239,29 @@ def test_prediction_figure_has_true_and_predicted_panels() -> None:
 
 
 def test_short_fit_with_sqp_adam_lowers_objective_and_violation(tmp_path) -> None:
+    """A short Lightning fit with SQP-Adam. rho = 1 / lr makes the normal step a full Gauss-Newton
+    restoration (lr rho = 1), so the violation falls within a few steps; with the paper's rho = 1 it
+    shrinks by only lr rho = 0.1 % per step, too little to see in 100 steps."""
     import lightning as L
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from lit_constrained.optim import SQPAdam
 
     L.seed_everything(0, verbose=False)
-    dm = BurgersData(cache_dir=None, **SMALL)
-    task = Burgers(optimizer=lambda params: SQPAdam(params, lr=1e-3, rho=1.0))
+    dm = BurgersData(cache_dir=None, **{**SMALL, "n_train": 1})
+    task = Burgers(optimizer=lambda params: SQPAdam(params, lr=1e-3, rho=1e3))
     dm.setup("fit")
-    batch = full_batch(dm)
+    batch = cast_floats(full_batch(dm), torch.float32)
     f0 = task.objective(batch).item()
     v0 = task.constraints(batch).abs().max().item()
     logger = TensorBoardLogger(str(tmp_path), name="burgers")
-    trainer = L.Trainer(max_steps=150, logger=logger, enable_progress_bar=False, enable_checkpointing=False,
-                        enable_model_summary=False, limit_val_batches=1, check_val_every_n_epoch=150)
+    trainer = L.Trainer(max_steps=100, logger=logger, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False, limit_val_batches=1, check_val_every_n_epoch=1000)
     trainer.fit(task, dm)
     f1 = task.objective(batch).item()
     v1 = task.constraints(batch).abs().max().item()
-    assert f1 < 0.5 * f0
-    assert v1 < v0
+    assert f1 < 0.8 * f0
+    assert v1 < 0.1 * v0
     metrics = trainer.validate(task, dm, verbose=False)[0]
     assert 0 < metrics["val/rel_l2"] < 1.0
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
