@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor
 
+from .optim.checks import all_finite
 from .optim.flat import group_params, numel_real
 
 if TYPE_CHECKING:
@@ -181,15 +182,8 @@ class TrainingStepper:
 
     @staticmethod
     def _all_finite(f: Tensor, c: Tensor | None, J: Tensor | None, params: list[Tensor]) -> bool:
-        checks = [torch.isfinite(f).all()]
-        if c is not None:
-            checks.append(torch.isfinite(c).all())
-        if J is not None:
-            checks.append(torch.isfinite(J).all())
-        grads = [p.grad for p in params if p.grad is not None]
-        if grads:
-            checks.append(torch.stack([torch.isfinite(g).all() for g in grads]).all())
-        return bool(torch.stack(checks).all())
+        tensors = [f] + [t for t in (c, J) if t is not None] + [p.grad for p in params if p.grad is not None]
+        return all(all_finite(t) for t in tensors)
 
     @staticmethod
     def _step_schedulers(module: "ConstrainedModule", f_mean: Tensor) -> None:

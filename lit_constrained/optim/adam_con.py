@@ -71,9 +71,9 @@ class AdamCon(ConstrainedOptimizer):
         v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
         m_hat = m / (1.0 - beta1**k)
         inv_sqrt_h = (v / (1.0 - beta2**k) + self.eps).sqrt_().rsqrt_()  # H^{-1/2}
-        scaled = NullSpace.from_jacobian(jacobian.to(torch.float64) * inv_sqrt_h, self.rcond)
+        plain = self._factorize(jacobian)  # J itself: diagnostics, re-projection with mixed group lrs
+        scaled = NullSpace.from_jacobian(plain.jacobian * inv_sqrt_h, self.rcond)
         pinv_c, projected = scaled.normal_and_projection(c, inv_sqrt_h * m_hat)
         normal = -inv_sqrt_h * pinv_c
         tangential = -inv_sqrt_h * projected
-        # the null space of J itself (for diagnostics and for re-projection with mixed group lrs)
-        return normal, tangential, NullSpace.from_jacobian(jacobian, self.rcond)
+        return normal, tangential, plain

@@ -32,9 +32,19 @@ def check_positive(name: str, value: float) -> None:
         raise ValueError(f"Invalid {name}={value!r}: it must be a finite number > 0.")
 
 
+def all_finite(t: Tensor) -> bool:
+    """Whether ``t`` holds no NaN/inf: one reduction (a NaN or inf makes the sum non-finite; an
+    overflowing sum of finite values falls back to the elementwise check)."""
+    if t.numel() == 0:
+        return True
+    if bool(torch.isfinite(t.sum())):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
 def check_finite(name: str, t: Tensor) -> None:
     """Raise if ``t`` holds NaN or inf, naming the quantity."""
-    if not bool(torch.isfinite(t).all()):
+    if not all_finite(t):
         bad = int((~torch.isfinite(t)).sum())
         raise ValueError(
             f"{name} contains {bad} non-finite value(s) (NaN or inf); the step was not taken. "

@@ -85,6 +85,14 @@ class ConstrainedOptimizer(Optimizer):
     def _init_state(self, n: int, device: torch.device) -> dict[str, Any]:
         return {"step": 0}
 
+    def _factorize(self, jacobian: Tensor) -> NullSpace:
+        """NullSpace of J, converting into a reused float64 buffer (not part of the state)."""
+        workspace = getattr(self, "_jacobian_workspace", None)
+        if jacobian.dtype != torch.float64 and (workspace is None or workspace.shape != jacobian.shape):
+            workspace = torch.empty(jacobian.shape, dtype=torch.float64, device=jacobian.device)
+            self._jacobian_workspace = workspace
+        return NullSpace.from_jacobian(jacobian, self.rcond, workspace=workspace)
+
     # ------------------------------------------------------------------ the step
     @torch.no_grad()
     def step(

@@ -48,9 +48,18 @@ class NullSpace:
     smallest_singular_value: float
 
     @classmethod
-    def from_jacobian(cls, jacobian: Tensor, rcond: float = DEFAULT_RCOND) -> "NullSpace":
-        """Factorize J (any float dtype; it is used in float64)."""
-        J = jacobian if jacobian.dtype == torch.float64 else jacobian.to(torch.float64)
+    def from_jacobian(cls, jacobian: Tensor, rcond: float = DEFAULT_RCOND, workspace: Tensor | None = None) -> "NullSpace":
+        """Factorize J (any float dtype; it is used in float64).
+
+        ``workspace``: an optional float64 buffer of J's shape to convert into (a large fresh
+        allocation per step costs page faults on a CPU: reuse one).
+        """
+        if jacobian.dtype == torch.float64:
+            J = jacobian
+        elif workspace is not None and workspace.shape == jacobian.shape and workspace.device == jacobian.device:
+            J = workspace.copy_(jacobian)
+        else:
+            J = jacobian.to(torch.float64)
         m = J.shape[0]
         if m == 0:
             empty = J.new_zeros(0, 0)

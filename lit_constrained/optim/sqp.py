@@ -69,7 +69,7 @@ class SQPHeavyBall(ConstrainedOptimizer):
     def _directions(
         self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Any]
     ) -> tuple[Tensor, Tensor, NullSpace]:
-        nullspace = NullSpace.from_jacobian(jacobian, self.rcond)
+        nullspace = self._factorize(jacobian)
         pinv_c, projected_g = nullspace.normal_and_projection(c, g)
         r = state["momentum"]
         r.mul_(self.beta).add_(projected_g, alpha=-1.0 / self.h)
@@ -135,7 +135,7 @@ class SQPAdam(ConstrainedOptimizer):
     ) -> tuple[Tensor, Tensor, NullSpace]:
         beta1, beta2 = self.betas
         k = state["step"]
-        nullspace = NullSpace.from_jacobian(jacobian, self.rcond)
+        nullspace = self._factorize(jacobian)
         pinv_c, projected_g = nullspace.normal_and_projection(c, g)
         u = projected_g.mul_(-1.0 / self.h)
         r, s = state["momentum"], state["second_moment"]
