@@ -32,11 +32,24 @@ All functions are pure and seeded: the same arguments give the same arrays.
 
 from __future__ import annotations
 
+from typing import Any
+
+import lightning as L
 import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader
+
+from lit_constrained.tasks.common import (
+    DEFAULT_CACHE_DIR,
+    BatchMode,
+    RowCollate,
+    cached_arrays,
+    check_batch_mode,
+    row_loader,
+)
 
 
 def _check_grid(n: int) -> None:
@@ -206,3 +219,190 @@ def generate_darcy(
     nu = nu_all[keep]
     u = solve_darcy(nu)
     return {"nu": nu, "u": u, "mask": (nu == nu_high).astype(np.float64), "index": keep.astype(np.int64)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Splits, sampling choices and the DataModule
+# --------------------------------------------------------------------------------------------------
+
+
+def grid_inputs(mask: np.ndarray) -> np.ndarray:
+    """The FNO's 3 input channels ``(mask, x, y)`` of shape ``(S, 3, n, n)`` (``x`` along axis -2)."""
+    s, n, _ = mask.shape
+    coords = np.linspace(0.0, 1.0, n)
+    gx, gy = np.meshgrid(coords, coords, indexing="ij")
+    return np.stack([mask, np.broadcast_to(gx, mask.shape), np.broadcast_to(gy, mask.shape)], axis=1)
+
+
+def darcy_dataset(
+    n_train: int = 100,
+    n_val: int = 10,
+    n_test: int = 20,
+    n_generate: int = 1000,
+    n: int = 16,
+    alpha: float = 2.0,
+    tau: float = 3.0,
+    nu_low: float = 3.0,
+    nu_high: float = 12.0,
+    data_fraction: float = 0.2,
+    n_constraints: int = 50,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """Everything the Darcy task needs, as numpy arrays (deterministic in the arguments).
+
+    The ``n_train + n_val + n_test`` samples nearest the medoid mask (similar permeabilities, as the
+    paper keeps 100 of 1000) are split at random into train / val / test, so the held-out ``nu`` come
+    from the same distribution but are never trained on. Per sample, a fixed random ``data_fraction``
+    of the nodes carries the data term (``<split>_data_mask``). The ``n_constraints`` constraints are
+    distinct random (training sample, interior node) pairs: ``con_sample`` (index into the training
+    set) and ``con_node`` (row-major index into the ``(n-2) x (n-2)`` interior).
+    """
+    for name, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test)):
+        if not isinstance(value, int) or value < (1 if name == "n_train" else 0):
+            raise ValueError(f"{name} must be a non-negative integer (n_train >= 1), got {value!r}.")
+    n_keep = n_train + n_val + n_test
+    if n_keep > n_generate:
+        raise ValueError(
+            f"n_train + n_val + n_test = {n_keep} exceeds n_generate = {n_generate}: generate more samples."
+        )
+    if not 0.0 < data_fraction <= 1.0:
+        raise ValueError(f"data_fraction must lie in (0, 1], got {data_fraction!r}.")
+    n_interior = (n - 2) ** 2
+    if not isinstance(n_constraints, int) or not 0 <= n_constraints <= n_train * n_interior:
+        raise ValueError(
+            f"n_constraints must be an integer in [0, n_train * (n-2)^2 = {n_train * n_interior}], got {n_constraints!r}."
+        )
+    data = generate_darcy(n_generate, n_keep, n, alpha, tau, nu_low, nu_high, seed)
+    rng = np.random.default_rng([seed, 1])
+    order = rng.permutation(n_keep)
+    splits = {"train": order[:n_train], "val": order[n_train:n_train + n_val], "test": order[n_train + n_val:]}
+    out: dict[str, np.ndarray] = {}
+    n_data = max(1, int(round(data_fraction * n * n)))
+    for split, idx in splits.items():
+        out[f"{split}_nu"] = data["nu"][idx]
+        out[f"{split}_u"] = data["u"][idx]
+        out[f"{split}_x"] = grid_inputs(data["mask"][idx])
+        masks = np.zeros((len(idx), n * n))
+        for row in range(len(idx)):
+            masks[row, rng.choice(n * n, size=n_data, replace=False)] = 1.0
+        out[f"{split}_data_mask"] = masks.reshape(len(idx), n, n)
+    pairs = rng.choice(n_train * n_interior, size=n_constraints, replace=False)
+    out["con_sample"] = (pairs // n_interior).astype(np.int64)
+    out["con_node"] = (pairs % n_interior).astype(np.int64)
+    return out
+
+
+class DarcyData(L.LightningDataModule):
+    """Darcy permeabilities and solutions as batches of whole samples (float64; the task casts).
+
+    A batch is a dict: ``x`` (B, 3, n, n) the FNO input (mask, x, y), ``nu`` and ``u`` (B, n, n) the
+    permeability and the finite-difference solution, ``data_mask`` (B, n, n) the nodes of the data
+    term; and, whole in every training batch (the same on every rank), the constraint set:
+    ``con_x`` / ``con_nu`` (S, ...) the distinct training samples the constraints touch,
+    ``con_sample`` (m,) the index into those and ``con_node`` (m,) the interior node (row-major).
+    Full batch: one batch per epoch with all training samples; mini-batch: ``batch_fraction`` of the
+    samples per step (the paper: 20 %). Validation / test batches hold the held-out samples.
+
+    Args:
+        batch_mode: ``"full"`` or ``"minibatch"``.
+        batch_fraction: fraction of the training samples per mini-batch step.
+        n_train: training samples (the paper: 100).
+        n_val: validation samples (held out).
+        n_test: test samples (held out).
+        n_generate: permeabilities generated before keeping the ``n_train + n_val + n_test`` nearest
+            the medoid mask (the paper: 1000).
+        grid: nodes per side (boundary included; the paper: 16).
+        alpha: GRF smoothness (the FNO paper: 2).
+        tau: GRF inverse length scale (the FNO paper: 3).
+        nu_low: permeability where the field is negative.
+        nu_high: permeability where the field is >= 0.
+        data_fraction: fraction of the nodes of each sample in the data term (the paper: 20 %).
+        n_constraints: m, the number of hard residual constraints (the paper: 50).
+        seed: seed of the generation and of every random choice above.
+        cache_dir: where generated arrays are cached (``None``: always generate; ~0.2 s).
+        num_workers: DataLoader worker processes (0: the data is tiny).
+    """
+
+    def __init__(
+        self,
+        batch_mode: BatchMode = "full",
+        batch_fraction: float = 0.2,
+        n_train: int = 100,
+        n_val: int = 10,
+        n_test: int = 20,
+        n_generate: int = 1000,
+        grid: int = 16,
+        alpha: float = 2.0,
+        tau: float = 3.0,
+        nu_low: float = 3.0,
+        nu_high: float = 12.0,
+        data_fraction: float = 0.2,
+        n_constraints: int = 50,
+        seed: int = 0,
+        cache_dir: str | None = str(DEFAULT_CACHE_DIR),
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        check_batch_mode(batch_mode, batch_fraction)
+        self.save_hyperparameters()
+        self.batch_mode = batch_mode
+        self.batch_fraction = float(batch_fraction)
+        self.num_workers = num_workers
+        self.tensors: dict[str, Tensor] = {}
+        self.setup()  # fail early on bad sizes; cheap
+
+    def _generation_args(self) -> dict[str, Any]:
+        hp = self.hparams
+        keys = ("n_train", "n_val", "n_test", "n_generate", "alpha", "tau", "nu_low", "nu_high",
+                "data_fraction", "n_constraints", "seed")
+        return {"n": hp.grid, **{k: hp[k] for k in keys}}
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tensors:
+            return
+        args = self._generation_args()
+        arrays = cached_arrays("darcy", args, lambda: darcy_dataset(**args), self.hparams.cache_dir)
+        self.tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+
+    @property
+    def u_std(self) -> float:
+        """The standard deviation of the training solutions (the task's fixed output scale)."""
+        return float(self.tensors["train_u"].std())
+
+    def constraint_set(self) -> dict[str, Tensor]:
+        """The constraint points: distinct samples ``con_x``, ``con_nu`` and per-constraint indices."""
+        t = self.tensors
+        distinct, inverse = torch.unique(t["con_sample"], return_inverse=True)
+        return {
+            "con_x": t["train_x"][distinct],
+            "con_nu": t["train_nu"][distinct],
+            "con_sample": inverse,
+            "con_node": t["con_node"],
+        }
+
+    def _rows(self, split: str) -> dict[str, Tensor]:
+        t = self.tensors
+        return {key: t[f"{split}_{key}"] for key in ("x", "nu", "u", "data_mask")}
+
+    def train_dataloader(self) -> DataLoader:
+        collate = RowCollate(rows=self._rows("train"), fixed=self.constraint_set())
+        return row_loader(self.hparams.n_train, collate, self.batch_mode, self.batch_fraction, True, self.num_workers)
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        n = self.tensors[f"{split}_u"].shape[0]
+        if n == 0:
+            raise ValueError(f"The {split} set is empty: set n_{split} >= 1 to validate / test.")
+        return row_loader(n, RowCollate(rows=self._rows(split)), "full", 1.0, False)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")
+
+    def example(self, split: str = "test", index: int = 0) -> dict[str, Tensor]:
+        """One sample of a split as a batch of size 1 (for figures)."""
+        return {key: value[index:index + 1] for key, value in self._rows(split).items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
