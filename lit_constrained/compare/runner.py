@@ -1,0 +1,105 @@
+"""Run the grid: skip finished runs, execute the rest in parallel worker processes, show progress.
+
+Workers are separate processes (``spawn``), ``jobs`` at a time, each with ``threads`` torch threads.
+A worker imports the package once and then runs grid points one after another (``isolate=True``
+gives every run a fresh process instead). Each run's result file is written when it finishes, so an
+interrupted comparison resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .configs import fingerprint, run_config
+from .grid import RunSpec
+from .worker import execute, result_path
+
+
+def available_cores() -> int:
+    """CPU cores this process may use (the affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class GridOutcome:
+    """What :func:`run_grid` did."""
+
+    finished: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def load_result(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_finished(spec: RunSpec, out_dir: Path, expected_fingerprint: str) -> bool:
+    """A result file for this run exists, with the same config fingerprint."""
+    result = load_result(result_path(out_dir, spec))
+    return bool(result) and result.get("fingerprint") == expected_fingerprint and result.get("status") in ("ok", "diverged")
+
+
+def run_grid(
+    runs: list[RunSpec],
+    config_dir: Path,
+    out_dir: Path,
+    jobs: int,
+    threads: int,
+    eval_every: int,
+    test_metric: str,
+    isolate: bool = False,
+    progress: bool = True,
+) -> GridOutcome:
+    """Execute every unfinished run of ``runs``; returns which finished, were skipped or failed."""
+    if jobs < 1 or threads < 1:
+        raise ValueError(f"--jobs and --threads must be >= 1, got {jobs} and {threads}.")
+    outcome = GridOutcome()
+    todo: list[RunSpec] = []
+    for spec in runs:
+        expected = fingerprint(run_config(spec, config_dir, out_dir, threads, eval_every))
+        if is_finished(spec, out_dir, expected):
+            outcome.skipped.append(spec.name)
+        else:
+            todo.append(spec)
+    if not todo:
+        return outcome
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(todo), desc=f"compare {runs[0].task}", unit="run", disable=not progress, file=sys.stderr)
+    if outcome.skipped:
+        bar.write(f"{len(outcome.skipped)} finished run(s) skipped (result files in {out_dir / 'runs'})")
+    context = multiprocessing.get_context("spawn")
+    workers = min(jobs, len(todo))
+    with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1 if isolate else None) as pool:
+        futures = {
+            pool.submit(execute, spec.to_dict(), str(config_dir), str(out_dir), threads, eval_every, test_metric): spec
+            for spec in todo
+        }
+        for future in as_completed(futures):
+            spec = futures[future]
+            try:
+                result = future.result()
+            except Exception as error:  # noqa: BLE001 (reported, the grid goes on)
+                outcome.failed[spec.name] = f"{type(error).__name__}: {error}"
+                bar.write(f"FAILED {spec.name}: {type(error).__name__}: {error} (log: {out_dir / 'logs' / spec.name}.log)")
+            else:
+                outcome.finished.append(spec.name)
+                summary = result.get("summary", {})
+                bar.set_postfix_str(f"{spec.name}: f={summary.get('objective', float('nan')):.3g}", refresh=False)
+            bar.update(1)
+    bar.close()
+    return outcome
