@@ -13,7 +13,9 @@ class EpochShuffleSampler(Sampler[int]):
 
     Lightning calls ``set_epoch`` at the start of every epoch, so the order does not depend on the
     global RNG: a run resumed from a checkpoint at an epoch boundary sees exactly the batches of the
-    uninterrupted run. (Under DDP Lightning swaps in its DistributedSampler, which is seeded the same way.)
+    uninterrupted run. Under DDP Lightning wraps the loader's sampler in its own distributed sampler,
+    which shuffles again from ``seed_everything``'s seed and the epoch: still independent of the global
+    RNG (exact resume), but the batches differ from a one-process run of the same config.
     """
 
     def __init__(self, size: int, seed: int = 0) -> None:
