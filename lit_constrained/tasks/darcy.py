@@ -45,9 +45,25 @@ from lit_constrained.module import ConstrainedModule
 from lit_constrained.optim.flat import real_view
 from lit_constrained.tasks.common import DTypeName, cast_floats, log_figure, torch_dtype
 from lit_constrained.tasks.darcy_data import DarcyData, boundary_mask, darcy_residual
-from lit_constrained.tasks.spectral import VmapSpectralConv
+from lit_constrained.tasks.spectral import VmapSpectralConv, pointwise_convs_
 
-__all__ = ["Darcy", "DarcyData", "build_fno", "cast_module_", "constraint_units", "per_sample_jacobian"]
+__all__ = ["Darcy", "DarcyData", "PlainStateFNO", "build_fno", "cast_module_", "constraint_units", "per_sample_jacobian"]
+
+class PlainStateFNO(FNO, name="PlainStateFNO"):
+    """neuraloperator's FNO with ``torch.nn.Module``'s own ``state_dict`` / ``load_state_dict``.
+
+    neuraloperator's ``BaseModel.state_dict`` adds an un-prefixed ``"_metadata"`` entry (its init
+    arguments: functions and classes) to the dict it is given, i.e. to the TOP-LEVEL state dict of
+    any module that contains it: ``Darcy.load_state_dict`` then fails on an unexpected key, and a
+    Lightning checkpoint would carry pickled functions. Here the state dict holds tensors only.
+    """
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return nn.Module.state_dict(self, *args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
+        return nn.Module.load_state_dict(self, state_dict, strict=strict, assign=assign)
+
 
 def build_fno(
     hidden_channels: int = 4,
@@ -55,10 +71,13 @@ def build_fno(
     n_modes: Sequence[int] = (16, 16),
     lifting_channel_ratio: float = 2,
     projection_channel_ratio: float = 2,
-) -> FNO:
-    """neuraloperator's 2D FNO, 3 input channels (mask, x, y) -> 1, with the vmap-safe spectral conv.
+) -> PlainStateFNO:
+    """neuraloperator's 2D FNO, 3 input channels (mask, x, y) -> 1, made fast under ``vmap``.
 
-    ``positional_embedding=None`` (the grid channels are part of the input).
+    ``positional_embedding=None`` (the grid channels are part of the input). The spectral
+    convolutions are :class:`~lit_constrained.tasks.spectral.VmapSpectralConv` and the 1x1
+    convolutions :class:`~lit_constrained.tasks.spectral.PointwiseConv1d` (same parameters and
+    outputs as neuraloperator's layers; per-sample gradients without a loop over samples).
     """
     if not isinstance(hidden_channels, int) or hidden_channels < 1:
         raise ValueError(f"hidden_channels must be a positive integer, got {hidden_channels!r}.")
@@ -67,7 +86,7 @@ def build_fno(
     modes = tuple(int(k) for k in n_modes)
     if len(modes) != 2 or min(modes) < 1:
         raise ValueError(f"n_modes must be two positive integers (modes along x and y), got {n_modes!r}.")
-    return FNO(
+    fno = PlainStateFNO(
         n_modes=modes,
         in_channels=3,
         out_channels=1,
@@ -78,6 +97,7 @@ def build_fno(
         positional_embedding=None,
         conv_module=VmapSpectralConv,
     )
+    return pointwise_convs_(fno)
 
 
 def cast_module_(module: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -188,6 +208,8 @@ def per_sample_jacobian(
     inputs = [t[owner] for t in sample_inputs]
     jac = vmap(jacrev(residuals_at), in_dims=in_dims)(real, table, *inputs)
     flat = torch.cat([j.reshape(table.shape[0], table.shape[1], -1) for j in jac], dim=2)
+    if table.shape[0] == m and table.shape[1] == 1 and torch.equal(unit, torch.arange(m, device=unit.device)):
+        return flat[:, 0]  # one unit per constraint, in order: no gather needed
     return flat[unit, slot]
 
 

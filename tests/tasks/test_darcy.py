@@ -24,7 +24,7 @@ from lit_constrained.tasks.darcy_data import (
     solve_darcy,
     threshold_field,
 )
-from lit_constrained.tasks.spectral import VmapSpectralConv
+from lit_constrained.tasks.spectral import PointwiseConv1d, VmapSpectralConv
 
 from lightning_helpers import quiet_trainer
 
@@ -193,6 +193,40 @@ def test_vmap_spectral_conv_equals_neuraloperator(kwargs: dict) -> None:
     # vmap over single samples gives the batched result
     per_sample = torch.func.vmap(lambda xi: ours(xi[None])[0])(x)
     torch.testing.assert_close(per_sample, ours(x), rtol=1e-6, atol=1e-6)
+
+
+def test_fno_equals_neuraloperators_fno_with_the_same_weights() -> None:
+    from neuralop.models import FNO
+
+    torch.manual_seed(0)
+    reference = FNO(n_modes=(16, 16), in_channels=3, out_channels=1, hidden_channels=4, positional_embedding=None)
+    ours = build_fno()
+    assert sorted(n for n, _ in ours.named_parameters()) == sorted(n for n, _ in reference.named_parameters())
+    ours.load_state_dict({k: v for k, v in reference.state_dict().items() if k != "_metadata"})
+    x = torch.randn(4, 3, 16, 16)
+    torch.testing.assert_close(ours(x), reference(x), rtol=1e-5, atol=1e-6)
+    convs = [m for m in ours.modules() if isinstance(m, nn.Conv1d)]
+    assert convs and all(isinstance(m, PointwiseConv1d) for m in convs)
+    conv = nn.Conv1d(3, 5, 1)
+    pointwise = PointwiseConv1d(3, 5, 1)
+    pointwise.load_state_dict(conv.state_dict())
+    z = torch.randn(2, 3, 7)
+    torch.testing.assert_close(pointwise(z), conv(z))
+
+
+def test_checkpoint_round_trip(tmp_path: Path) -> None:
+    dm = DarcyData(**SMALL_DATA)
+    task = Darcy(**SMALL_NET, optimizer=partial(SQPAdam, lr=1e-3, rho=0.5))
+    trainer = quiet_trainer(max_steps=2, limit_val_batches=0)
+    trainer.fit(task, dm)
+    # neuraloperator's BaseModel.state_dict would add an un-prefixed "_metadata" entry here
+    assert all(isinstance(v, Tensor) for v in task.state_dict().values())
+    path = tmp_path / "darcy.ckpt"
+    trainer.save_checkpoint(path)
+    back = Darcy.load_from_checkpoint(path, weights_only=False)
+    x = dm.tensors["test_x"]
+    torch.testing.assert_close(back(x), task(x), rtol=0, atol=0)
+    assert back.output_scale.item() == pytest.approx(dm.u_std)
 
 
 def test_fno_in_float64_keeps_complex_weights_complex() -> None:
