@@ -198,10 +198,12 @@ class Chemistry(ConstrainedModule):
         u, rate = self.state_and_rate(batch["x"])
         f = self.residual_weight * self.ode_residual(u, rate).pow(2).mean()
         f = f + self.mass_weight * self.mass_residual(rate).pow(2).mean()
-        labeled = batch["labeled"]
-        if bool(labeled.any()):
-            f = f + self.data_weight * (u[labeled] - batch["u"][labeled]).pow(2).mean()
-        return f
+        # mean squared error over the labeled rows of the batch (none labeled: no data term);
+        # a masked mean, so no host sync on an accelerator
+        labeled = batch["labeled"].to(u.dtype)
+        squared_error = (u - batch["u"]).pow(2).mean(dim=1)
+        data_error = (squared_error * labeled).sum() / labeled.sum().clamp(min=1.0)
+        return f + self.data_weight * data_error
 
     def constraints(self, batch: dict[str, Tensor]) -> Tensor:
         _, rate = self.state_and_rate(batch["x_con"])

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import lightning as L
 import numpy as np
@@ -177,6 +176,3 @@ class SpringData(L.LightningDataModule):
 
     def test_dataloader(self) -> torch.utils.data.DataLoader:
         return self._eval_loader()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
