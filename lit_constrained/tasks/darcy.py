@@ -20,12 +20,13 @@ units of the output scale s, like the network's output), and the hard constraint
 :math:`c_i(\theta) = r_\theta(\text{sample}_i, \text{node}_i) = 0` at m = 50 fixed random
 (training sample, interior node) pairs.
 
-The constraint Jacobian (m x n, n ~ 19 000 with complex spectral weights as ``view_as_real``) is
-the cost of a step. :meth:`Darcy.constraint_jacobian` computes it per sample with ``torch.func``
+The constraint Jacobian (m x n; n = 18 733 at the paper's size, complex spectral weights entering as
+``view_as_real``) is the cost of a step. :meth:`Darcy.constraint_jacobian` computes it per sample with ``torch.func``
 (residual i depends on one sample only): ``jacrev`` of the residuals of one sample, ``vmap``-ed over
 the samples the constraints touch (one unit per constraint or per distinct sample, whichever is
 cheaper), through a ``vmap``-safe spectral convolution
-(:class:`~lit_constrained.tasks.spectral.VmapSpectralConv`). The general autograd helper
+(:class:`~lit_constrained.tasks.spectral.VmapSpectralConv`) and 1x1 convolutions written as
+contractions (:class:`~lit_constrained.tasks.spectral.PointwiseConv1d`). The general autograd helper
 (:func:`lit_constrained.optim.jacobian.constraint_jacobian`, the base class's default) remains
 available (``vmap_jacobian=False``, then the base's ``jacobian_method``) and is the fallback.
 """
@@ -48,6 +49,7 @@ from lit_constrained.tasks.darcy_data import DarcyData, boundary_mask, darcy_res
 from lit_constrained.tasks.spectral import VmapSpectralConv, pointwise_convs_
 
 __all__ = ["Darcy", "DarcyData", "PlainStateFNO", "build_fno", "cast_module_", "constraint_units", "per_sample_jacobian"]
+
 
 class PlainStateFNO(FNO, name="PlainStateFNO"):
     """neuraloperator's FNO with ``torch.nn.Module``'s own ``state_dict`` / ``load_state_dict``.

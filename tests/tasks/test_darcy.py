@@ -165,6 +165,10 @@ def test_bad_arguments_raise_clear_errors() -> None:
         VmapSpectralConv(2, 2, n_modes=(4, 4), factorization="tucker")
     with pytest.raises(ValueError, match="same shape|same length"):
         constraint_units(torch.tensor([0, 1]), torch.tensor([0]))
+    task = small_task()
+    with pytest.raises(ValueError, match="not parameters of Darcy"):
+        per_sample_jacobian(task, [nn.Parameter(torch.zeros(2))], task._sample_residuals,
+                            (torch.zeros(1, 3, 16, 16), torch.ones(1, 16, 16)), torch.tensor([0]), torch.tensor([0]))
 
 
 # -- the vmap-safe spectral convolution -----------------------------------------------------------
