@@ -85,7 +85,7 @@ def main() -> None:
             results[name].append(time_steps(name, data, args.steps, args.threads, args.warmup))
     rows = len(data.tensors["train_u"])
     per_step = rows if args.batch_mode == "full" else int(round(rows * data.batch_fraction))
-    print(f"Burgers, {args.n_train} ICs, {args.batch_mode} batch ({per_step} rows/step), threads={args.threads}, "
+    print(f"Burgers, {args.n_train} ICs, batch_mode={args.batch_mode} ({per_step} rows/step), threads={args.threads}, "
           f"{args.repeats} x {args.steps} steps per optimizer (median of per-fit medians)")
     base = statistics.median(results["adam_unc"])
     for name in names:

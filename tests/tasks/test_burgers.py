@@ -112,6 +112,10 @@ def test_generate_is_seeded_and_laid_out() -> None:
     exact = cole_hopf(torch.as_tensor(rows[:, 0]), torch.as_tensor(rows[:, 1]), torch.as_tensor(xi)).numpy()
     np.testing.assert_allclose(a["train_u"], exact, atol=1e-8)
     assert np.all(rows[a["train_ix"] == 0, 0] == 0) and np.all(rows[a["train_it"] == 0, 1] == 0)
+    # the paper's route gives the same data set (same draws, solution within 1e-3)
+    mol = generate_burgers(**{**SMALL, "method": "odeint"})
+    np.testing.assert_array_equal(mol["train_inputs"], a["train_inputs"])
+    np.testing.assert_allclose(mol["train_u"], a["train_u"], atol=1e-3)
 
 
 def test_generate_rejects_bad_sizes() -> None:
