@@ -195,11 +195,13 @@ class ConstrainedModule(pl.LightningModule):
             f = check_objective(self.objective(batch), f"{name}.objective()")
             c = check_constraints(self.validation_constraints(batch), f"{name}.validation_constraints()", None, False)
             metrics = self.evaluation_metrics(batch, stage)
-        self.log(f"{stage}/objective", f.detach(), sync_dist=True)
+        # each evaluation batch weighs the same in the epoch mean (batch_size=1 says so to Lightning)
+        self.log(f"{stage}/objective", f.detach(), sync_dist=True, batch_size=1)
         for key, value in metrics.items():
-            self.log(f"{stage}/{key}", value.detach() if isinstance(value, Tensor) else value, sync_dist=True)
+            value = value.detach() if isinstance(value, Tensor) else value
+            self.log(f"{stage}/{key}", value, sync_dist=True, batch_size=1)
         if c is not None and c.numel():
-            self.log(f"{stage}/violation_max", c.detach().abs().max(), sync_dist=True, reduce_fx="max")
+            self.log(f"{stage}/violation_max", c.detach().abs().max(), sync_dist=True, reduce_fx="max", batch_size=1)
         return {"objective": f.detach(), "constraints": None if c is None else c.detach()}
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
