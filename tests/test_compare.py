@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from lit_constrained.compare import main
-from lit_constrained.compare.configs import run_config
+from lit_constrained.compare.configs import find_config, run_config
 from lit_constrained.compare.grid import RunSpec, build_grid, parse_rho
 from lit_constrained.compare.worker import summarize
 
@@ -112,6 +112,19 @@ def test_run_config_overrides(tmp_path):
                          tmp_path, threads=1)
     assert swapped["model"]["init_args"]["optimizer"]["class_path"] == "lit_constrained.optim.AdamCon"
     assert swapped["model"]["init_args"]["optimizer"]["init_args"]["rho"] == 1.0
+
+
+def test_config_lookup_order(tmp_path):
+    for place in (tmp_path / "t", tmp_path / "t" / "paper"):
+        place.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "t" / "paper" / "adam_con.yaml").write_text("model: {class_path: X}\n")
+    (tmp_path / "t" / "sqp_adam.yaml").write_text("model: {class_path: X}\n")
+    (tmp_path / "t" / "paper" / "sqp_adam.yaml").write_text("model: {class_path: X}\n")
+    assert find_config(tmp_path, "t", "sqp_adam") == (tmp_path / "t" / "sqp_adam.yaml", True)
+    assert find_config(tmp_path, "t", "sqp_adam", prefer_paper=True) == (tmp_path / "t" / "paper" / "sqp_adam.yaml", True)
+    assert find_config(tmp_path, "t", "adam_con") == (tmp_path / "t" / "paper" / "adam_con.yaml", True)
+    # no config of its own: derived from another method's (the optimizer is swapped in run_config)
+    assert find_config(tmp_path, "t", "adam_unc") == (tmp_path / "t" / "sqp_adam.yaml", False)
 
 
 def test_summary_weights_time_by_steps():

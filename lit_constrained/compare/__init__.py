@@ -6,7 +6,8 @@ Example (the paper's spring grid at this harness's default budget; a few minutes
     lit-constrained compare --task spring --rho paper,full --max-epochs 2000
     lit-constrained compare --task curve --methods sqp_adam,adam_unc --lrs 0.01 --full-seeds 1
 
-Each run is ``configs/<task>/<method>.yaml`` with the run's overrides (lr, rho, seed, batch mode,
+Each run is ``configs/<task>/<method>.yaml`` (else ``configs/<task>/paper/<method>.yaml``; the reverse
+with ``--paper-configs``) with the run's overrides (lr, rho, seed, batch mode,
 epochs), trained by ``lit-constrained fit`` in a worker process. Outputs go to ``results/<task>/``:
 ``metrics.csv`` (tidy, per epoch), ``results.json``, ``loss.png``, ``test_error.png``,
 ``violation.png``, ``table.md``, the TensorBoard runs ``tensorboard/compare/<task>/<run>``, the run
@@ -60,6 +61,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, default=None,
                    help="validate (objective, test error) every N epochs (default: max(1, max_epochs // 100))")
     p.add_argument("--config-dir", type=Path, default=Path("configs"), help="folder of <task>/<method>.yaml")
+    p.add_argument("--paper-configs", action="store_true",
+                   help="take <task>/paper/<method>.yaml before <task>/<method>.yaml (e.g. the paper's data sizes)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default: results/<task>)")
     p.add_argument("--jobs", type=int, default=available_cores(), help="runs in parallel (worker processes)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / jobs)")
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         outcome = run_grid(
             runs, args.config_dir, out, args.jobs, threads, eval_every, grid.test_metric,
-            isolate=args.isolate, progress=not args.no_progress,
+            isolate=args.isolate, progress=not args.no_progress, prefer_paper=args.paper_configs,
         )
         failed = outcome.failed
         print(f"{len(outcome.finished)} run(s) done, {len(outcome.skipped)} skipped, {len(failed)} failed",

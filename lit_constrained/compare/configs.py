@@ -43,22 +43,32 @@ def _same_class(a: str, b: str) -> bool:
     return a == b or a.rsplit(".", 1)[-1] == b.rsplit(".", 1)[-1]
 
 
-def find_config(config_dir: Path, task: str, method: str) -> tuple[Path, bool]:
-    """(path, exact): the method's own config, else another config of the task (exact=False)."""
+def find_config(config_dir: Path, task: str, method: str, prefer_paper: bool = False) -> tuple[Path, bool]:
+    """(path, exact): the method's own config, else another config of the task (exact=False).
+
+    Looked up in ``<task>/`` and ``<task>/paper/`` (the faithful settings of the paper), in that order,
+    or the reverse with ``prefer_paper``.
+    """
     folder = config_dir / task
-    own = folder / f"{method}.yaml"
-    if own.exists():
-        return own, True
     if not folder.is_dir():
         raise ValueError(
             f"No configs for task {task!r}: expected the folder {folder} with <method>.yaml files "
             f"(methods: {', '.join(METHODS)}). Pass --config-dir if they live elsewhere."
         )
-    candidates = [folder / f"{m}.yaml" for m in METHODS] + sorted(folder.glob("*.yaml"))
-    for path in candidates:
-        if path.exists():
-            return path, False
-    raise ValueError(f"No YAML config in {folder}: add {own.name} (or any config of the task to derive it from).")
+    folders = [folder, folder / "paper"]
+    if prefer_paper:
+        folders.reverse()
+    for place in folders:
+        own = place / f"{method}.yaml"
+        if own.exists():
+            return own, True
+    for place in folders:
+        candidates = [place / f"{m}.yaml" for m in METHODS] + sorted(place.glob("*.yaml"))
+        for path in candidates:
+            if path.exists():
+                return path, False
+    raise ValueError(f"No YAML config in {folder} or {folder / 'paper'}: add {method}.yaml (or any config of "
+                     "the task to derive it from).")
 
 
 def data_accepts(class_path: str, argument: str) -> bool:
@@ -74,9 +84,11 @@ def data_accepts(class_path: str, argument: str) -> bool:
     return argument in inspect.signature(cls.__init__).parameters
 
 
-def run_config(spec: RunSpec, config_dir: Path, out_dir: Path, threads: int, eval_every: int = 1) -> dict[str, Any]:
-    """The full LightningCLI config dict of one run."""
-    path, exact = find_config(config_dir, spec.task, spec.method)
+def run_config(
+    spec: RunSpec, config_dir: Path, out_dir: Path, threads: int, eval_every: int = 1, prefer_paper: bool = False
+) -> dict[str, Any]:
+    """The full LightningCLI config dict of one run (see :func:`find_config` for ``prefer_paper``)."""
+    path, exact = find_config(config_dir, spec.task, spec.method, prefer_paper)
     config = yaml.safe_load(path.read_text()) or {}
     config = copy.deepcopy(config)
     method = METHODS[spec.method]

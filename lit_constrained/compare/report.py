@@ -130,7 +130,9 @@ def plot(results: list[dict[str, Any]], key: str, ylabel: str, title: str, path:
                     continue
                 color, style = styles[label]
                 seeds = f" ({len(group)} seeds)" if len(group) > 1 else ""
-                ax.plot(epochs, mean, color=color, linestyle=style, lw=1.4, label=label + seeds)
+                # earlier methods drawn wider, so a later method lying on top leaves them visible
+                width = 2.6 - 0.4 * (METHOD_ORDER.index(method) if method in METHOD_ORDER else 0)
+                ax.plot(epochs, mean, color=color, linestyle=style, lw=width, label=label + seeds)
                 if len(group) > 1:
                     ax.fill_between(epochs, mean - std, mean + std, color=color, alpha=0.2, lw=0)
                 drawn = True

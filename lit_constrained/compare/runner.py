@@ -62,6 +62,7 @@ def run_grid(
     test_metric: str,
     isolate: bool = False,
     progress: bool = True,
+    prefer_paper: bool = False,
 ) -> GridOutcome:
     """Execute every unfinished run of ``runs``; returns which finished, were skipped or failed."""
     if jobs < 1 or threads < 1:
@@ -69,7 +70,7 @@ def run_grid(
     outcome = GridOutcome()
     todo: list[RunSpec] = []
     for spec in runs:
-        expected = fingerprint(run_config(spec, config_dir, out_dir, threads, eval_every))
+        expected = fingerprint(run_config(spec, config_dir, out_dir, threads, eval_every, prefer_paper))
         if is_finished(spec, out_dir, expected):
             outcome.skipped.append(spec.name)
         else:
@@ -86,7 +87,8 @@ def run_grid(
     workers = min(jobs, len(todo))
     with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1 if isolate else None) as pool:
         futures = {
-            pool.submit(execute, spec.to_dict(), str(config_dir), str(out_dir), threads, eval_every, test_metric): spec
+            pool.submit(execute, spec.to_dict(), str(config_dir), str(out_dir), threads, eval_every, test_metric,
+                        prefer_paper): spec
             for spec in todo
         }
         for future in as_completed(futures):

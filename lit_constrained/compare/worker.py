@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from .configs import fingerprint, run_config
+from .configs import find_config, fingerprint, run_config
 from .grid import RunSpec
 from .recorder import write_json
 
@@ -83,11 +83,12 @@ def summarize(history: list[dict[str, float]], test_metric: str) -> dict[str, fl
 
 
 def execute(spec_data: dict[str, Any], config_dir: str, out_dir: str, threads: int, eval_every: int,
-            test_metric: str) -> dict[str, Any]:
+            test_metric: str, prefer_paper: bool = False) -> dict[str, Any]:
     """Run one grid point (in the calling process) and write its result file; returns the result."""
     spec = RunSpec.from_dict(spec_data)
     out = Path(out_dir)
-    config = run_config(spec, Path(config_dir), out, threads, eval_every)
+    config = run_config(spec, Path(config_dir), out, threads, eval_every, prefer_paper)
+    source, _ = find_config(Path(config_dir), spec.task, spec.method, prefer_paper)
     config_path = out / "configs" / f"{spec.name}.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -116,6 +117,7 @@ def execute(spec_data: dict[str, Any], config_dir: str, out_dir: str, threads: i
         "label": spec.label,
         "fingerprint": fingerprint(config),
         "config": str(config_path),
+        "source_config": str(source),
         "status": "ok" if error is None else "diverged",
         "error": None if error is None else f"{type(error).__name__}: {error}",
         "test_metric": test_metric,
