@@ -27,8 +27,7 @@ def main(args: list[str] | None = None) -> None:
     if argv and argv[0] == "compare":
         from lit_constrained.compare import main as compare_main
 
-        compare_main(argv[1:])
-        return
+        sys.exit(compare_main(argv[1:]))
     ConstrainedCLI(
         ConstrainedModule,
         pl.LightningDataModule,

@@ -73,7 +73,8 @@ class AdamCon(ConstrainedOptimizer):
         inv_sqrt_h = (v / (1.0 - beta2**k) + self.eps).sqrt_().rsqrt_()  # H^{-1/2}
         plain = self._factorize(jacobian)  # J itself: diagnostics, re-projection with mixed group lrs
         scaled = NullSpace.from_jacobian(plain.jacobian * inv_sqrt_h, self.rcond)
-        pinv_c, projected = scaled.normal_and_projection(c, inv_sqrt_h * m_hat)
+        pinv_c, projected, Jq = scaled.normal_and_projection(c, inv_sqrt_h * m_hat)
+        diagnostics["multiplier"] = scaled.solve_gram(c - Jq)  # y of the KKT system
         normal = -inv_sqrt_h * pinv_c
         tangential = -inv_sqrt_h * projected
         return normal, tangential, plain

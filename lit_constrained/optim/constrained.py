@@ -158,7 +158,7 @@ class ConstrainedOptimizer(Optimizer):
         check_finite("The step", delta)
         add_flat_(params, delta)
 
-        self._record(state, diagnostics, c, delta, normal, tangential, nullspace, lr, g, scale)
+        self._record(state, diagnostics, c, delta, normal, tangential, nullspace, lr, scale)
         return loss
 
     # ------------------------------------------------------------------ helpers
@@ -199,7 +199,6 @@ class ConstrainedOptimizer(Optimizer):
         tangential: Tensor,
         nullspace: NullSpace,
         lr: float,
-        g: Tensor,
         scale: float | None,
     ) -> None:
         violation = c.abs().max() if c.numel() else c.new_zeros(())
@@ -226,6 +225,4 @@ class ConstrainedOptimizer(Optimizer):
                 diagnostics["linearized_feasibility_error"] = (J64 @ delta + scale * c).norm() / max(
                     scale * float(c.norm()), _TINY
                 )
-            # least-squares multiplier estimate y = G^+ (c - J g) (the KKT multiplier of beta = 0)
-            diagnostics["multiplier"] = nullspace.solve_gram(c - J64 @ g)
         self.state[DIAGNOSTICS_KEY] = diagnostics

@@ -70,7 +70,8 @@ class SQPHeavyBall(ConstrainedOptimizer):
         self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Any]
     ) -> tuple[Tensor, Tensor, NullSpace]:
         nullspace = self._factorize(jacobian)
-        pinv_c, projected_g = nullspace.normal_and_projection(c, g)
+        pinv_c, projected_g, Jg = nullspace.normal_and_projection(c, g)
+        diagnostics["multiplier"] = nullspace.solve_gram(c - Jg)  # KKT multiplier of beta = 0
         r = state["momentum"]
         r.mul_(self.beta).add_(projected_g, alpha=-1.0 / self.h)
         tangential = nullspace.project(r) if self.beta > 0 else r.clone()
@@ -136,7 +137,8 @@ class SQPAdam(ConstrainedOptimizer):
         beta1, beta2 = self.betas
         k = state["step"]
         nullspace = self._factorize(jacobian)
-        pinv_c, projected_g = nullspace.normal_and_projection(c, g)
+        pinv_c, projected_g, Jg = nullspace.normal_and_projection(c, g)
+        diagnostics["multiplier"] = nullspace.solve_gram(c - Jg)  # KKT multiplier of beta = 0
         u = projected_g.mul_(-1.0 / self.h)
         r, s = state["momentum"], state["second_moment"]
         r.mul_(beta1).add_(u)

@@ -298,3 +298,31 @@ def test_bad_step_inputs_name_what_is_wrong():
     with pytest.raises(ValueError, match="gradient"):
         opt.step(constraints=torch.zeros(2), jacobian=torch.ones(2, 3))
     assert torch.equal(x.detach(), torch.zeros(3))
+
+
+@pytest.mark.parametrize("row_scale", [1.0, 1e2, 1e3])
+def test_projection_accuracy_with_ill_conditioned_jacobian(row_scale):
+    """J d = -rho c and the projector against a dense pseudo-inverse, as J's rows are scaled apart
+    (refinement switches on above the conditioning threshold)."""
+    from lit_constrained.optim import NullSpace
+
+    J, c, g = random_instance(m=4, n=50, seed=9)
+    J = J * torch.tensor([1.0, row_scale, 1.0 / row_scale, 1.0], dtype=F64)[:, None]
+    ns = NullSpace.from_jacobian(J)
+    assert ns.refine == (row_scale > 1.0)
+    P = torch.eye(50, dtype=F64) - torch.linalg.pinv(J) @ J
+    torch.testing.assert_close(ns.project(g), P @ g, rtol=1e-9, atol=1e-12 * g.norm().item())
+    x, opt = one_step(SQPHeavyBall, J, c, g, lr=1.0, beta=0.0)
+    residual = (J @ x + c).norm() / c.norm()
+    assert residual < 1e-10
+
+
+def test_singular_values_below_rcond_count_as_rank_deficiency():
+    from lit_constrained.optim import NullSpace
+
+    J, _, _ = random_instance(m=4, n=50, seed=9)
+    J[2] *= 1e-9  # sigma ratio ~1e-9 < rcond = 1e-7
+    assert NullSpace.from_jacobian(J).rank == 3
+    assert NullSpace.from_jacobian(J, rcond=1e-6).rank == 3
+    J[2] *= 1e3  # sigma ratio ~1e-6 > rcond: kept
+    assert NullSpace.from_jacobian(J).rank == 4
