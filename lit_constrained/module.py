@@ -14,7 +14,8 @@ from torch.optim import Optimizer
 
 from .optim import SQPAdam
 from .optim.jacobian import JacobianMethod, constraint_jacobian
-from .stepping import NonFinitePolicy, StepResult, TrainingStepper, check_constraints, check_objective, violation_summary
+from .metrics.functional import violation_l1, violation_max, violation_mean
+from .stepping import NonFinitePolicy, StepResult, TrainingStepper, check_constraints, check_objective
 
 
 def default_optimizer(params: Iterable) -> Optimizer:
@@ -168,10 +169,10 @@ class ConstrainedModule(pl.LightningModule):
         # values are identical on every rank (reduced in the step): no sync needed
         self.log("train/objective", result.objective, prog_bar=True)
         if result.constraints is not None and result.constraints.numel():
-            summary = violation_summary(result.constraints)
-            self.log("train/violation_max", summary["violation_max"], prog_bar=True)
-            self.log("train/violation_mean", summary["violation_mean"])
-            self.log("train/violation_l1", summary["violation_l1"])
+            c = result.constraints
+            self.log("train/violation_max", violation_max(c), prog_bar=True)
+            self.log("train/violation_mean", violation_mean(c))
+            self.log("train/violation_l1", violation_l1(c))
         trainer = self.trainer
         if trainer.log_every_n_steps and trainer.global_step % trainer.log_every_n_steps == 0:
             self._log_diagnostics()

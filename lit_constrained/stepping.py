@@ -42,12 +42,6 @@ class StepResult:
     skipped: bool = False
 
 
-def violation_summary(c: Tensor) -> dict[str, Tensor]:
-    """max |c|, mean |c| and ||c||_1 of a constraint vector (m >= 1)."""
-    a = c.detach().abs()
-    return {"violation_max": a.max(), "violation_mean": a.mean(), "violation_l1": a.sum()}
-
-
 def check_objective(f: Any, where: str) -> Tensor:
     if not isinstance(f, Tensor) or f.numel() != 1:
         shape = tuple(f.shape) if isinstance(f, Tensor) else type(f).__name__
