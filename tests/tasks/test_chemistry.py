@@ -161,7 +161,7 @@ def test_rate_matches_finite_differences_in_time(normalize: bool) -> None:
 
 def test_constraint_jacobian_matches_central_differences() -> None:
     torch.manual_seed(0)
-    task = Chemistry(dtype="float64", hidden=16, depth=2, jacobian_method="loop")
+    task = Chemistry(dtype="float64", hidden=16, depth=2)
     batch = _batch(ChemistryData(**SMALL), "train")
     params = group_params([{"params": list(task.parameters())}])
     J = task.constraint_jacobian(batch, task.constraints(batch), params)
