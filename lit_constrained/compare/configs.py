@@ -87,8 +87,16 @@ def data_accepts(class_path: str, argument: str) -> bool:
 def run_config(
     spec: RunSpec, config_dir: Path, out_dir: Path, threads: int, eval_every: int = 1, prefer_paper: bool = False
 ) -> dict[str, Any]:
-    """The full LightningCLI config dict of one run (see :func:`find_config` for ``prefer_paper``)."""
-    path, exact = find_config(config_dir, spec.task, spec.method, prefer_paper)
+    """The full LightningCLI config dict of one run (see :func:`find_config` for ``prefer_paper``).
+
+    The ``full`` rho variant starts from ``<task>/recommended/<method>.yaml`` when it exists: the
+    recommended settings of the full normal step (e.g. Darcy's ``max_normal_step`` cap).
+    """
+    recommended = config_dir / spec.task / "recommended" / f"{spec.method}.yaml"
+    if spec.rho_variant == "full" and recommended.exists():
+        path, exact = recommended, True
+    else:
+        path, exact = find_config(config_dir, spec.task, spec.method, prefer_paper)
     config = yaml.safe_load(path.read_text()) or {}
     config = copy.deepcopy(config)
     method = METHODS[spec.method]
