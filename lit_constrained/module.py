@@ -166,15 +166,18 @@ class ConstrainedModule(pl.LightningModule):
         return {"objective": result.objective, "constraints": result.constraints}
 
     def _log_step(self, result: StepResult) -> None:
-        # values are identical on every rank (reduced in the step): no sync needed
+        # values are identical on every rank (reduced in the step): no sync needed. The progress bar
+        # pair every step; the rest only on the steps the logger writes (self.log costs ~0.1 ms a call)
         self.log("train/objective", result.objective, prog_bar=True)
-        if result.constraints is not None and result.constraints.numel():
-            c = result.constraints
+        c = result.constraints
+        has_constraints = c is not None and c.numel() > 0
+        if has_constraints:
             self.log("train/violation_max", violation_max(c), prog_bar=True)
-            self.log("train/violation_mean", violation_mean(c))
-            self.log("train/violation_l1", violation_l1(c))
         trainer = self.trainer
         if trainer.log_every_n_steps and trainer.global_step % trainer.log_every_n_steps == 0:
+            if has_constraints:
+                self.log("train/violation_mean", violation_mean(c))
+                self.log("train/violation_l1", violation_l1(c))
             self._log_diagnostics()
 
     def _log_diagnostics(self) -> None:
