@@ -32,10 +32,8 @@ seed and lays out one row per grid point (``inputs = [x, t, u0(x_0), ..., u0(x_{
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import numpy as np
 import torch
 from scipy.integrate import odeint
@@ -43,10 +41,10 @@ from scipy.special import ive
 from torch import Tensor
 
 from lit_constrained.tasks.common import (
+    CachedArraysData,
     DEFAULT_CACHE_DIR,
     BatchMode,
     RowCollate,
-    cached_arrays,
     check_batch_mode,
     row_loader,
 )
@@ -227,7 +225,7 @@ def generate_burgers(
     return arrays
 
 
-class BurgersData(L.LightningDataModule):
+class BurgersData(CachedArraysData):
     """The Burgers rows as batches (float64; the task casts them to its dtype).
 
     A batch is a dict: ``inputs`` (B, 2 + n_x) = [x, t, u0 on the grid], ``u`` (B,) the solution,
@@ -257,6 +255,8 @@ class BurgersData(L.LightningDataModule):
             ``None`` to always regenerate.
         num_workers: DataLoader worker processes.
     """
+
+    cache_name = "burgers"
 
     def __init__(
         self,
@@ -294,20 +294,13 @@ class BurgersData(L.LightningDataModule):
         args["method"] = hp["solver"]
         return args
 
-    def prepare_data(self) -> None:
-        """Generate and cache once (rank 0), so other ranks only load."""
-        self._load()
-
-    def _load(self) -> dict[str, np.ndarray]:
-        args = self.generation_args()
-        cache_dir = None if self.hparams.cache_dir is None else Path(self.hparams.cache_dir)
-        return cached_arrays("burgers", args, lambda: generate_burgers(**args), cache_dir)
+    def generate(self, **args: Any) -> dict[str, np.ndarray]:
+        return generate_burgers(**args)
 
     def setup(self, stage: str | None = None) -> None:
         if self.tensors:
             return
-        self.arrays = self._load()
-        self.tensors = {key: torch.from_numpy(np.ascontiguousarray(v)) for key, v in self.arrays.items()}
+        super().setup(stage)
         self.tensors["x_con"] = self.tensors["train_inputs"][self.tensors["constraint_rows"]]
 
     def _collate(self, split: str) -> RowCollate:

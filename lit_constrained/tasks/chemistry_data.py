@@ -23,19 +23,17 @@ fraction of the rows is labeled (the data term); a fixed random set of rows carr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import numpy as np
 import torch
 from torch import Tensor
 
 from lit_constrained.tasks.common import (
+    CachedArraysData,
     DEFAULT_CACHE_DIR,
     BatchMode,
     RowCollate,
-    cached_arrays,
     check_batch_mode,
     row_loader,
 )
@@ -163,7 +161,7 @@ def generate_chemistry(
     return out
 
 
-class ChemistryData(L.LightningDataModule):
+class ChemistryData(CachedArraysData):
     """The reaction-network rows as batches (float64; the task casts them to its dtype).
 
     A training batch is a dict: ``x`` (B, 5) = (u0, t), ``u`` (B, 4) labels, ``labeled`` (B,) bool
@@ -192,6 +190,8 @@ class ChemistryData(L.LightningDataModule):
             ``None`` to always regenerate.
         num_workers: DataLoader worker processes.
     """
+
+    cache_name = "chemistry"
 
     def __init__(
         self,
@@ -225,20 +225,13 @@ class ChemistryData(L.LightningDataModule):
                 "n_constraints", "solver", "seed")
         return {key: hp[key] for key in keys}
 
-    def prepare_data(self) -> None:
-        """Generate and cache once (rank 0), so other ranks only load."""
-        self._load()
-
-    def _load(self) -> dict[str, np.ndarray]:
-        args = self.generation_args()
-        cache_dir = None if self.hparams.cache_dir is None else Path(self.hparams.cache_dir)
-        return cached_arrays("chemistry", args, lambda: generate_chemistry(**args), cache_dir)
+    def generate(self, **args: Any) -> dict[str, np.ndarray]:
+        return generate_chemistry(**args)
 
     def setup(self, stage: str | None = None) -> None:
         if self.tensors:
             return
-        self.arrays = self._load()
-        self.tensors = {key: torch.from_numpy(np.ascontiguousarray(v)) for key, v in self.arrays.items()}
+        super().setup(stage)
         self.tensors["x_con"] = self.tensors["x"][self.tensors["con_rows"]]
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:

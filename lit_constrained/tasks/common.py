@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import lightning as L
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -99,6 +100,38 @@ def cached_arrays(
     np.savez(tmp, **arrays)
     tmp.replace(path)
     return arrays
+
+
+class CachedArraysData(L.LightningDataModule):
+    """A DataModule whose numpy arrays are generated from a seed and cached as ``.npz``.
+
+    A subclass sets ``cache_name``, implements :meth:`generation_args` (the generator's arguments,
+    also the cache key) and :meth:`generate`, and may extend :meth:`setup` (``self.tensors`` holds the
+    arrays as tensors). ``self.hparams.cache_dir`` (``None``: no cache) says where the files live.
+    """
+
+    cache_name: str = ""
+
+    def generation_args(self) -> dict[str, Any]:
+        raise NotImplementedError  # abstract: each task's generator arguments
+
+    def generate(self, **args: Any) -> dict[str, np.ndarray]:
+        raise NotImplementedError  # abstract: each task's generator
+
+    def prepare_data(self) -> None:
+        """Generate and cache once (rank 0), so other ranks only load."""
+        self._load()
+
+    def _load(self) -> dict[str, np.ndarray]:
+        args = self.generation_args()
+        cache_dir = None if self.hparams.cache_dir is None else Path(self.hparams.cache_dir)
+        return cached_arrays(self.cache_name, args, lambda: self.generate(**args), cache_dir)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tensors:
+            return
+        self.arrays = self._load()
+        self.tensors = {key: torch.from_numpy(np.ascontiguousarray(v)) for key, v in self.arrays.items()}
 
 
 def input_grad(out: Tensor, inp: Tensor) -> Tensor:
