@@ -205,7 +205,7 @@ class ConstrainedModule(pl.LightningModule):
             value = value.detach() if isinstance(value, Tensor) else value
             self.log(f"{stage}/{key}", value, sync_dist=True, batch_size=1)
         if c is not None and c.numel():
-            self.log(f"{stage}/violation_max", c.detach().abs().max(), sync_dist=True, reduce_fx="max", batch_size=1)
+            self.log(f"{stage}/violation_max", violation_max(c), sync_dist=True, reduce_fx="max", batch_size=1)
         return {"objective": f.detach(), "constraints": None if c is None else c.detach()}
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
