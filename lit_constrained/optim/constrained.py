@@ -27,6 +27,7 @@ only when all groups share one lr or with ``rho="full"``.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Literal, Union
 
 import torch
@@ -34,7 +35,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from .checks import check_finite, check_lr, check_positive
-from .flat import add_flat_, block_sizes, gather, group_params, real_view
+from .flat import add_flat_, block_sizes, gather, group_params
 from .nullspace import DEFAULT_RCOND, NullSpace
 
 Rho = Union[float, Literal["full"]]
@@ -52,7 +53,7 @@ def check_rho(rho: Rho) -> None:
         raise ValueError(f"Invalid rho={rho!r}: a number > 0, or 'full' for rho_k = 1 / lr_k.")
 
 
-class ConstrainedOptimizer(Optimizer):
+class ConstrainedOptimizer(Optimizer, ABC):
     """Shared machinery: input checks, the flat layout, rho / "full", diagnostics, state."""
 
     requires = frozenset({"constraints", "jacobian"})
@@ -76,11 +77,11 @@ class ConstrainedOptimizer(Optimizer):
         super().__init__(params, defaults)
 
     # ------------------------------------------------------------------ subclass hook
+    @abstractmethod
     def _directions(
         self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Any]
     ) -> tuple[Tensor, Tensor, NullSpace]:
         """Return (v_hat, t, nullspace of J): J v_hat = -c (min norm), J t = 0."""
-        raise NotImplementedError  # abstract: implemented by each method
 
     def _init_state(self, n: int, device: torch.device) -> dict[str, Any]:
         return {"step": 0}

@@ -73,6 +73,8 @@ Details:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -178,33 +180,36 @@ class _Group:
 # ---------------------------------------------------------------------------- the shared step
 
 
-class _MoMoBase(Optimizer):
+class _MoMoBase(Optimizer, ABC):
     """The MoMo step shared by :class:`MoMo` and :class:`MoMoAdam` (see the module docstring)."""
 
     requires: frozenset[str] = frozenset()
     _shared_keys: tuple[str, ...] = ("lower_bound", "estimate_lower_bound")
 
     # -- subclass hooks
+    @abstractmethod
     def _beta(self, group: dict[str, Any]) -> float:
-        raise NotImplementedError
+        """beta (MoMo) or beta1 (MoMo-Adam) of the group."""
 
+    @abstractmethod
     def _rho(self, k: int, group: dict[str, Any]) -> float:
-        raise NotImplementedError
+        """The bias-correction factor rho_k."""
 
     def _first_weight(self, k: int, group: dict[str, Any]) -> float:
         """The averaging weight of the new sample (1 at k = 1 when the averages start at the sample)."""
         return 1.0 - self._beta(group)
 
+    @abstractmethod
     def _init_param_state(self, p: Tensor) -> dict[str, Tensor]:
-        raise NotImplementedError
+        """The per-parameter state at the first step."""
 
+    @abstractmethod
     def _update_moments(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], list[Tensor], float]:
         """Update the moments of one group; return (d, U, s) with D^{-1} d = s * U."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _apply(self, g: _Group, tau: float, direction: list[Tensor], scale: float) -> None:
         """x <- the update of one group with step tau along D^{-1} d = scale * direction."""
-        raise NotImplementedError
 
     # -- public API
     @torch.no_grad()

@@ -6,6 +6,7 @@ Nothing here knows about a particular problem.
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -102,7 +103,7 @@ def cached_arrays(
     return arrays
 
 
-class CachedArraysData(L.LightningDataModule):
+class CachedArraysData(L.LightningDataModule, ABC):
     """A DataModule whose numpy arrays are generated from a seed and cached as ``.npz``.
 
     A subclass sets ``cache_name``, implements :meth:`generation_args` (the generator's arguments,
@@ -112,11 +113,13 @@ class CachedArraysData(L.LightningDataModule):
 
     cache_name: str = ""
 
+    @abstractmethod
     def generation_args(self) -> dict[str, Any]:
-        raise NotImplementedError  # abstract: each task's generator arguments
+        """The generator's arguments (also the cache key)."""
 
+    @abstractmethod
     def generate(self, **args: Any) -> dict[str, np.ndarray]:
-        raise NotImplementedError  # abstract: each task's generator
+        """The task's arrays, generated from ``generation_args()``."""
 
     def prepare_data(self) -> None:
         """Generate and cache once (rank 0), so other ranks only load."""
