@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -35,7 +36,7 @@ def _clone_tensors(batch: Any) -> Any:
     return batch
 
 
-class ConstrainedModule(pl.LightningModule):
+class ConstrainedModule(pl.LightningModule, ABC):
     """Base class of a task trained with hard equality constraints.
 
     A task implements :meth:`objective` (what is minimized) and :meth:`constraints` (the residuals
@@ -94,9 +95,9 @@ class ConstrainedModule(pl.LightningModule):
         self.last_step: StepResult | None = None
 
     # ----------------------------------------------------------------- what a task implements
+    @abstractmethod
     def objective(self, batch: Any) -> Tensor:
-        """The scalar objective f on ``batch`` (to be minimized)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement objective(batch).")
+        """The scalar objective f on ``batch`` (to be minimized); every task implements it."""
 
     def constraints(self, batch: Any) -> Tensor | None:
         """The 1-D tensor of m residuals that must vanish (None: no constraints)."""
