@@ -35,7 +35,7 @@ def main(args: list[str] | None = None) -> None:
         subclass_mode_data=True,
         auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
-        args=argv,
+        args=args,  # None: LightningCLI reads sys.argv itself (no mixed-arguments warning)
     )
 
 
