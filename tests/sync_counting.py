@@ -2,7 +2,7 @@
 
 A "host sync" is an op whose result the host must wait for: reading a scalar out of a tensor
 (``aten._local_scalar_dense``: ``float(t)``, ``t.item()``, ``bool(t)``, ``if t:``) and ops whose output
-shape depends on the data (``aten.nonzero``: boolean-mask indexing, ``torch.where(cond)``). On a GPU each
+shape depends on the data (``aten.nonzero``, ``torch.where(cond)``, and boolean-mask indexing ``t[mask]``). On a GPU each
 one stalls the stream; on the CPU they are free, so the tests count them with a dispatch mode instead.
 
     with SyncCounter() as syncs:
@@ -28,6 +28,15 @@ SYNC_OPS = frozenset({
 })
 
 
+_INDEX_OPS = frozenset({torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default})
+
+
+def _has_bool_index(args: tuple) -> bool:
+    """Boolean-mask indexing (``t[mask]``): its output size depends on the data (a sync on a GPU)."""
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (indices or ()))
+
+
 class SyncCounter(TorchDispatchMode):
     """A dispatch mode that records every host-syncing aten op run under it."""
 
@@ -40,6 +49,6 @@ class SyncCounter(TorchDispatchMode):
         return sum(self.calls.values())
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func in SYNC_OPS:
+        if func in SYNC_OPS or (func in _INDEX_OPS and _has_bool_index(args)):
             self.calls[str(func)] += 1
         return func(*args, **(kwargs or {}))
