@@ -114,12 +114,26 @@ class ConstrainedModule(pl.LightningModule, ABC):
         """Task metrics at validation/test (e.g. test MSE); logged as ``<stage>/<name>``."""
         return {}
 
-    def constraint_jacobian(self, batch: Any, constraints: Tensor, params: Sequence[Tensor]) -> Tensor:
-        """J = dc/dx, shape (m, n), w.r.t. ``params`` in the optimizer's flat layout.
+    constraints_shared: bool = True
+    """Whether :meth:`constraints` returns the SAME m residuals on every data-parallel rank (fixed
+    constraint points, as in every task of the package). Then each rank differentiates only its
+    balanced slice of the rows and one all-gather assembles J. Set it to ``False`` in a task whose
+    constraints come from each rank's own batch: the ranks' rows are then gathered, and the step
+    imposes their union (W x m rows), as one process on the union batch would. See
+    :mod:`lit_constrained.distributed`."""
 
-        Override for a faster problem-specific Jacobian (e.g. a per-sample ``vmap``).
+    def constraint_jacobian(
+        self, batch: Any, constraints: Tensor, params: Sequence[Tensor], rows: slice | None = None
+    ) -> Tensor:
+        """J = dc/dx w.r.t. ``params`` in the optimizer's flat layout: shape (m, n), or only the
+        rows ``rows`` (a contiguous slice of the m constraints: shape (len(rows), n)).
+
+        Under data parallelism with :attr:`constraints_shared`, each rank asks only for its share of
+        the rows (``constraints`` is still the full c). Override for a faster problem-specific
+        Jacobian (e.g. a per-sample ``vmap``), honouring ``rows`` (an override without a ``rows``
+        argument still works: its full J is then sliced, so each rank repeats all m rows).
         """
-        return constraint_jacobian(constraints, params, method=self.jacobian_method)
+        return constraint_jacobian(constraints, params, method=self.jacobian_method, rows=rows)
 
     # ----------------------------------------------------------------- Lightning hooks
     def setup(self, stage: str) -> None:

@@ -6,11 +6,16 @@ It is not a Lightning ``Strategy`` (those pick the hardware backend: keep ``stra
 1. ``opt = module.optimizers()`` (the LightningOptimizer: stepping it advances ``global_step``);
 2. evaluate ``f = objective(batch)`` and ``c = constraints(batch)``; check their shapes;
 3. the Jacobian of c w.r.t. the optimizer's own parameters, in ``param_groups`` order, only if the
-   optimizer's ``requires`` asks for it (``torch.autograd.grad``: no DDP hooks fire);
+   optimizer's ``requires`` asks for it (``torch.autograd.grad``: no DDP hooks fire); on W ranks
+   with ``module.constraints_shared`` (the same m constraints everywhere) only this rank's balanced
+   slice of the rows (:func:`~lit_constrained.distributed.row_slice`);
 4. ``manual_backward(f)`` (DDP averages the gradient);
-5. ONE mean all-reduce of the buffer [f, c, J] through ``trainer.strategy.reduce`` (on a copy: it
-   reduces in place). All ranks then step with the same f, c, J: MoMo's step size and the SQP
-   projection are identical on every replica, which therefore never drift apart;
+5. ONE all-gather of [f, c, J rows] (:func:`~lit_constrained.distributed.gather_step`): f becomes
+   the rank mean, J is assembled from the slices (shared) or the ranks' rows are stacked (per-rank
+   constraints: the union, W m rows). All ranks then step with the same f, c, J: MoMo's step size
+   and the SQP projection are identical on every replica, which therefore never drift apart. One
+   fused flag (finite f, c, J and gradient; with shared constraints also: the same c on every rank)
+   is the step's only host sync;
 6. ``opt.step(closure=lambda: f_mean, **what the optimizer requires)``; the LR schedulers are stepped
    (manual optimization does not do it);
 7. log the objective, the constraint violation and the optimizer's step diagnostics.
@@ -18,13 +23,14 @@ It is not a Lightning ``Strategy`` (those pick the hardware backend: keep ``stra
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
 
-from .optim.checks import all_finite
+from .distributed import gather_step, row_counts, row_slice
 from .optim.flat import group_params, numel_real
 
 if TYPE_CHECKING:
@@ -73,6 +79,44 @@ def check_constraints(c: Any, where: str, expected_m: int | None, need_grad: boo
     return c
 
 
+_INCONSISTENT = (
+    "{name}.constraints() differs across ranks at step {step}, but {name}.constraints_shared is True "
+    "(each rank differentiates only its share of the rows of ONE shared constraint set). Make the "
+    "constraint points the same on every rank (fixed points, e.g. a buffer set in __init__ or setup()), "
+    "or set constraints_shared = False to impose the union of the ranks' own constraints."
+)
+
+
+def _same_on_every_rank(ranks_c: Tensor) -> Tensor:
+    """0-dim bool tensor (no host sync): every row of ``ranks_c`` (W, m) equals row 0 to round-off
+    (relative tolerance sqrt(eps) of the dtype: replicas computing the same c differ at most by the
+    kernels' round-off; NaNs are left to the finiteness check)."""
+    if ranks_c.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=ranks_c.device)
+    tol = torch.finfo(ranks_c.dtype).eps ** 0.5 if ranks_c.is_floating_point() else 0.0
+    reference = ranks_c[0]
+    gap = (ranks_c - reference).abs().amax()
+    return ~(gap > tol * (1.0 + reference.abs().amax()))
+
+
+_ACCEPTS_ROWS: dict[type, bool] = {}
+
+
+def _jacobian_rows(module: "ConstrainedModule", batch: Any, c: Tensor, params: list[Tensor], rows: slice) -> Tensor:
+    """``module.constraint_jacobian`` for the rows ``rows`` of c.
+
+    An override written before the ``rows`` argument existed (``(batch, constraints, params)``) is
+    called for the whole J, which is then sliced (correct, but every rank repeats all m rows)."""
+    if rows == slice(0, c.numel()):
+        return module.constraint_jacobian(batch, c, params)
+    kind = type(module)
+    if kind not in _ACCEPTS_ROWS:
+        _ACCEPTS_ROWS[kind] = "rows" in inspect.signature(module.constraint_jacobian).parameters
+    if _ACCEPTS_ROWS[kind]:
+        return module.constraint_jacobian(batch, c, params, rows=rows)
+    return module.constraint_jacobian(batch, c, params)[rows]
+
+
 class TrainingStepper:
     """Owns a training step of a :class:`~lit_constrained.module.ConstrainedModule`."""
 
@@ -114,20 +158,27 @@ class TrainingStepper:
             loss = f + self.penalty_weight * c.pow(2).mean()
 
         params = group_params(raw.param_groups)
+        rows = self._own_rows(module, 0 if c is None else c.numel())
         J = None
         if need_jacobian and c is not None:
-            J = module.constraint_jacobian(batch, c, params)
-            expected = (c.numel(), numel_real(params))
+            J = _jacobian_rows(module, batch, c, params, rows)
+            expected = (rows.stop - rows.start, numel_real(params))
             if tuple(J.shape) != expected:
                 raise ValueError(
-                    f"{name}.constraint_jacobian() returned shape {tuple(J.shape)}, expected {expected}."
+                    f"{name}.constraint_jacobian() returned shape {tuple(J.shape)}, expected {expected} "
+                    f"(rows {rows.start}:{rows.stop} of the {c.numel()} constraints)."
                 )
         module.manual_backward(loss)
         if self.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
 
-        loss_mean, c_mean, J_mean = self._reduce(module, loss, c, J)
-        if not self._all_finite(loss_mean, c_mean, J_mean, params):
+        loss_mean, c_mean, J_mean, consistent = self._reduce(module, loss, c, J)
+        healthy = self._all_finite(loss_mean, c_mean, J_mean, params)
+        if consistent is not None:
+            healthy = healthy & consistent
+        if not bool(healthy):  # the step's one host sync
+            if consistent is not None and not bool(consistent):
+                raise ValueError(_INCONSISTENT.format(name=name, step=step_index))
             message = (
                 f"Non-finite objective, constraints, Jacobian or gradient at step {step_index} "
                 f"(objective={float(loss_mean):.4g}). Lower the learning rate, check the data, or set "
@@ -149,35 +200,54 @@ class TrainingStepper:
         return StepResult(loss_mean, c_mean)
 
     @staticmethod
-    def _reduce(
-        module: "ConstrainedModule", f: Tensor, c: Tensor | None, J: Tensor | None
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """One mean all-reduce of [f, c, J] (a no-op on one process)."""
-        f = f.detach()
-        pieces = [f.reshape(1)]
-        if c is not None:
-            pieces.append(c.detach().reshape(-1).to(f.dtype))
-        if J is not None:
-            pieces.append(J.detach().reshape(-1).to(f.dtype))
-        if module.trainer.world_size > 1:
-            buffer = module.trainer.strategy.reduce(torch.cat(pieces).clone(), reduce_op="mean")
-        else:
-            buffer = torch.cat(pieces)
-        f_mean = buffer[0]
-        c_mean = J_mean = None
-        offset = 1
-        if c is not None:
-            m = c.numel()
-            c_mean = buffer[offset:offset + m].to(c.dtype)
-            offset += m
-        if J is not None:
-            J_mean = buffer[offset:].reshape(J.shape).to(J.dtype)
-        return f_mean, c_mean, J_mean
+    def _own_rows(module: "ConstrainedModule", m: int) -> slice:
+        """The rows of J this rank differentiates: its balanced share when the constraints are the
+        same on every rank (``module.constraints_shared``), else all of its own m rows."""
+        trainer = module.trainer
+        if trainer.world_size > 1 and module.constraints_shared:
+            return row_slice(m, trainer.world_size, trainer.global_rank)
+        return slice(0, m)
 
     @staticmethod
-    def _all_finite(f: Tensor, c: Tensor | None, J: Tensor | None, params: list[Tensor]) -> bool:
+    def _reduce(
+        module: "ConstrainedModule", f: Tensor, c: Tensor | None, J: Tensor | None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+        """ONE collective per step (none on one process): an all-gather of [f, c, J rows].
+
+        Returns f as the rank mean (as DDP averages the gradient), c and J assembled from the ranks'
+        rows (identical on every rank), and, when the constraints are shared, a 0-dim bool tensor
+        saying whether every rank computed the same c (to round-off): each rank sends its whole c
+        (m numbers) with its slice of J, so a task whose constraints differ per rank while
+        ``constraints_shared`` is True fails loudly instead of mixing rows of different points.
+        ``f`` is the loss, penalty included. See :mod:`lit_constrained.distributed`.
+        """
+        f = f.detach()
+        c = None if c is None else c.detach()
+        J = None if J is None else J.detach()
+        trainer = module.trainer
+        world_size = trainer.world_size
+        if world_size == 1:
+            return f, c, J, None
+        m = 0 if c is None else c.numel()
+        all_gather = trainer.strategy.all_gather
+        if module.constraints_shared:
+            # every rank sends its whole c (m numbers) and its slice of J
+            out = gather_step(all_gather, world_size, f, c, [m] * world_size, J, row_counts(m, world_size))
+            if out.constraints is None:
+                return out.objective, None, out.jacobian, None
+            ranks_c = out.constraints.reshape(world_size, m)
+            return out.objective, ranks_c[0], out.jacobian, _same_on_every_rank(ranks_c)
+        out = gather_step(all_gather, world_size, f, c, [m] * world_size, J, [m] * world_size)
+        return out.objective, out.constraints, out.jacobian, None
+
+    @staticmethod
+    def _all_finite(f: Tensor, c: Tensor | None, J: Tensor | None, params: list[Tensor]) -> Tensor:
+        """A 0-dim bool tensor (no host sync): f, c, J and every gradient hold no NaN/inf.
+
+        One fused flag: the caller reads it once per step (one sync on an accelerator instead of one
+        per tensor)."""
         tensors = [f] + [t for t in (c, J) if t is not None] + [p.grad for p in params if p.grad is not None]
-        return all(all_finite(t) for t in tensors)
+        return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
 
     @staticmethod
     def _step_schedulers(module: "ConstrainedModule", f_mean: Tensor) -> None:

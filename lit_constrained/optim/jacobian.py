@@ -32,11 +32,22 @@ def _flatten_rows(grads: Sequence[Tensor | None], params: Sequence[Tensor], m: i
     return torch.cat(blocks, dim=1)
 
 
+def _row_range(rows: slice | None, m: int) -> tuple[int, int]:
+    """``(start, stop)`` of a contiguous row slice of the m rows (all rows for None)."""
+    if rows is None:
+        return 0, m
+    if not isinstance(rows, slice) or rows.step not in (None, 1):
+        raise ValueError(f"rows must be a contiguous slice (step 1) or None, got {rows!r}.")
+    start, stop, _ = rows.indices(m)
+    return start, max(start, stop)
+
+
 def constraint_jacobian(
     constraints: Tensor,
     params: Sequence[Tensor],
     method: JacobianMethod = "auto",
     create_graph: bool = False,
+    rows: slice | None = None,
 ) -> Tensor:
     """J of shape (m, n) for a 1-D ``constraints`` tensor attached to the graph of ``params``.
 
@@ -47,6 +58,9 @@ def constraint_jacobian(
             the rows), ``"loop"`` (one backward per row), or ``"auto"`` (batched, falling back to the
             loop for operations without a batching rule).
         create_graph: keep the graph of J (for higher derivatives).
+        rows: only these rows of J (a slice with step 1; shape ``(len(rows), n)``): the backward
+            passes of the other rows are not made (a rank's share under data parallelism, see
+            :mod:`lit_constrained.distributed`).
 
     The graph of ``constraints`` is retained, so the objective's backward can follow. A parameter
     that a constraint does not depend on gets zero columns.
@@ -54,7 +68,8 @@ def constraint_jacobian(
     if constraints.dim() != 1:
         raise ValueError(f"constraints must be 1-D (m residuals), got shape {tuple(constraints.shape)}.")
     params = list(params)
-    m = constraints.numel()
+    start, stop = _row_range(rows, constraints.numel())
+    m = stop - start
     if m == 0:
         n = sum(real_view(p).numel() for p in params)
         return constraints.new_zeros(0, n)
@@ -66,7 +81,7 @@ def constraint_jacobian(
     kwargs = dict(retain_graph=True, create_graph=create_graph, allow_unused=True)
     if method in ("auto", "batched"):
         try:
-            eye = torch.eye(m, dtype=constraints.dtype, device=constraints.device)
+            eye = torch.eye(constraints.numel(), dtype=constraints.dtype, device=constraints.device)[start:stop]
             grads = torch.autograd.grad(constraints, params, grad_outputs=eye, is_grads_batched=True, **kwargs)
             return _flatten_rows(grads, params, m, constraints)
         except RuntimeError as error:
@@ -81,6 +96,6 @@ def constraint_jacobian(
         raise ValueError(f"Unknown Jacobian method {method!r}: use 'auto', 'batched' or 'loop'.")
     rows = [
         _flatten_rows(torch.autograd.grad(constraints[i], params, **kwargs), params, 1, constraints)
-        for i in range(m)
+        for i in range(start, stop)
     ]
     return torch.cat(rows, dim=0)

@@ -328,15 +328,20 @@ class Darcy(ConstrainedModule):
         b = self._batch(batch)
         return darcy_residual(self(b["x"]), b["nu"]).reshape(-1)
 
-    def constraint_jacobian(self, batch: dict[str, Tensor], constraints: Tensor, params: Sequence[Tensor]) -> Tensor:
-        """J (m, n) w.r.t. ``params`` in their order: per-sample ``vmap`` (see module docstring)."""
+    def constraint_jacobian(
+        self, batch: dict[str, Tensor], constraints: Tensor, params: Sequence[Tensor], rows: slice | None = None
+    ) -> Tensor:
+        """J (m, n) w.r.t. ``params`` in their order, or its rows ``rows`` (a rank's share under DDP):
+        per-sample ``vmap`` (see module docstring) over the constraints of those rows only (sliced by
+        constraint, not by sample: a rank's rows may touch any of the samples)."""
         if not self.vmap_jacobian:
-            return super().constraint_jacobian(batch, constraints, params)
+            return super().constraint_jacobian(batch, constraints, params, rows=rows)
         b = self._batch(batch)
+        selected = slice(None) if rows is None else rows
         try:
             return per_sample_jacobian(
-                self, params, self._sample_residuals, (b["con_x"], b["con_nu"]), b["con_sample"], b["con_node"],
-                self.jacobian_grouping,
+                self, params, self._sample_residuals, (b["con_x"], b["con_nu"]), b["con_sample"][selected],
+                b["con_node"][selected], self.jacobian_grouping,
             ).to(constraints.dtype)
         except RuntimeError as error:  # an operation without a batching rule: fall back, loudly
             warnings.warn(
@@ -346,7 +351,7 @@ class Darcy(ConstrainedModule):
                 stacklevel=2,
             )
             self.vmap_jacobian = False
-            return super().constraint_jacobian(batch, constraints, params)
+            return super().constraint_jacobian(batch, constraints, params, rows=rows)
 
     def _sample_residuals(self, params: dict[str, Tensor], x: Tensor, nu: Tensor) -> Tensor:
         u = functional_call(self, params, (x[None],))[0]
