@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lit_constrained.data import EpochShuffleSampler, ResumableLoader
+
 DTypeName = Literal["float32", "float64"]
 BatchMode = Literal["full", "minibatch"]
 
@@ -214,19 +216,29 @@ def row_loader(
     batch_fraction: float,
     shuffle: bool,
     num_workers: int = 0,
-) -> torch.utils.data.DataLoader:
+    seed: int | None = None,
+) -> ResumableLoader:
     """Full batch: one batch per epoch holding every row. Mini-batch: batches of
     ``ceil(batch_fraction * n_rows)`` rows, reshuffled every epoch (the last one may be smaller).
-    Under DDP Lightning swaps in a distributed sampler, which shards the rows over ranks."""
+
+    The shuffle is an :class:`~lit_constrained.data.EpochShuffleSampler`: the order of epoch ``e`` is
+    a function of ``(seed, e)`` alone, never of the global RNG. ``seed=None`` takes
+    ``torch.initial_seed()`` (the ``seed_everything`` seed when one was set). The loader is a
+    :class:`~lit_constrained.data.ResumableLoader`: its position in the epoch is saved in checkpoints,
+    so a run resumed at any step takes the uninterrupted run's batches. Under DDP Lightning swaps in
+    a distributed sampler, which shards the rows over ranks."""
     check_batch_mode(batch_mode, batch_fraction)
     if batch_mode == "full":
         batch_size = n_rows
     else:
         batch_size = max(1, int(np.ceil(batch_fraction * n_rows)))
-    return torch.utils.data.DataLoader(
+    sampler = None
+    if shuffle and batch_mode == "minibatch":
+        sampler = EpochShuffleSampler(n_rows, seed=torch.initial_seed() if seed is None else seed)
+    return ResumableLoader(
         IndexDataset(n_rows),
         batch_size=batch_size,
-        shuffle=shuffle and batch_mode == "minibatch",
+        sampler=sampler,
         collate_fn=collate,
         num_workers=num_workers,
         persistent_workers=num_workers > 0,

@@ -1,0 +1,282 @@
+"""Crash-safe checkpointing: a ``last.ckpt`` often enough that a crash loses little, rarely enough that
+saving costs little, and a clean stop on SIGTERM / SIGINT.
+
+:class:`CrashSafeCheckpoint` is a ``ModelCheckpoint`` that keeps one rolling ``last.ckpt`` (no top-k
+files) in a directory that does not change between runs (``<save_dir>/<name>/checkpoints`` of the first
+logger, or ``<default_root_dir>/checkpoints``), so ``--ckpt_path last`` finds it after a crash. The
+``lit-constrained`` command adds one to every run that has checkpointing enabled and no
+``ModelCheckpoint`` of its own.
+
+When to save (``every_n_steps=None``, the default): the save interval adapts so that saving costs at
+most ``overhead`` (5 %) of the training time. With ``t_save`` the measured duration of a save and
+``t_step`` the measured mean duration of a training step (excluding saves),
+
+.. math::
+
+    N = \\max\\left(1, \\left\\lceil \\frac{t_\\text{save}}{\\text{overhead} \\cdot t_\\text{step}}
+    \\right\\rceil\\right), \\qquad \\frac{t_\\text{save}}{N\\, t_\\text{step}} \\le \\text{overhead},
+
+re-estimated after every save (running means). At most ``t_save / overhead`` seconds of work (20 saves'
+worth) are lost in a crash. A first ``last.ckpt`` is written after step 1, the final one when training
+ends.
+
+Signals: on SIGTERM (Lightning's handler notes it) or SIGINT (Ctrl+C; this callback's handler notes it,
+a second Ctrl+C interrupts at once), the current step finishes, ``last.ckpt`` is written, and the
+process exits with status 1 and a one-line message saying where the checkpoint is and how to resume.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+
+class TrainingInterrupted(SystemExit):
+    """Raised (exit status 1) after a SIGTERM/SIGINT once ``last.ckpt`` is written; its text is the
+    one-line message printed on exit."""
+
+
+def stable_checkpoint_dir(trainer: "pl.Trainer") -> str:
+    """``<save_dir>/<name>/checkpoints`` of the trainer's first logger (no version: the same for every
+    run of the experiment), or ``<default_root_dir>/checkpoints`` without a logger."""
+    if trainer.loggers:
+        logger = trainer.loggers[0]
+        save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
+        name = logger.name if logger.name else ""
+        return os.path.join(str(save_dir), str(name), "checkpoints")
+    return os.path.join(str(trainer.default_root_dir), "checkpoints")
+
+
+class CrashSafeCheckpoint(ModelCheckpoint):
+    """A rolling ``last.ckpt`` every N training steps (N adaptive by default) and on SIGTERM/SIGINT.
+
+    Args:
+        dirpath: where ``last.ckpt`` goes (default: :func:`stable_checkpoint_dir`).
+        every_n_steps: a fixed interval in optimizer steps; ``None`` (default) adapts it to keep the
+            saving cost at most ``overhead`` of the training time.
+        overhead: the target fraction of training time spent saving (adaptive mode), in (0, 1).
+        max_every_n_steps: upper bound of the adaptive interval (bounds the work a crash loses when
+            saving is slow relative to a step).
+        handle_signals: save and exit on SIGTERM/SIGINT.
+    """
+
+    def __init__(
+        self,
+        dirpath: str | None = None,
+        every_n_steps: int | None = None,
+        overhead: float = 0.05,
+        max_every_n_steps: int = 10_000,
+        handle_signals: bool = True,
+    ) -> None:
+        if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
+            raise ValueError(f"every_n_steps must be a positive integer or None (adaptive), got {every_n_steps!r}.")
+        if not 0.0 < overhead < 1.0:
+            raise ValueError(f"overhead must lie in (0, 1), got {overhead!r}.")
+        if max_every_n_steps < 1:
+            raise ValueError(f"max_every_n_steps must be >= 1, got {max_every_n_steps!r}.")
+        # no top-k files and no epoch/validation saves: only the rolling last.ckpt, saved by the hooks below
+        super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, every_n_epochs=0)
+        self.every_n_steps = every_n_steps
+        self.overhead = float(overhead)
+        self.max_every_n_steps = int(max_every_n_steps)
+        self.handle_signals = handle_signals
+        self.interval = every_n_steps or 1
+        self.save_seconds: list[float] = []
+        self._step_seconds = 0.0
+        self._steps_timed = 0
+        self._last_batch_end: float | None = None
+        self._last_saved_step = -1
+        self._signal: str | None = None
+        self._previous_sigint: Any = None
+
+    @property
+    def state_key(self) -> str:
+        return "CrashSafeCheckpoint"
+
+    # ------------------------------------------------------------------ where
+    def _find_last_checkpoints(self, trainer: "pl.Trainer") -> set[str]:
+        # Lightning resolves ckpt_path="last" before any setup hook runs: fix the directory here too
+        if self.dirpath is None:
+            self.dirpath = stable_checkpoint_dir(trainer)
+        return super()._find_last_checkpoints(trainer)
+
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = stable_checkpoint_dir(trainer)
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit" and self.handle_signals:
+            self._install_sigint()
+
+    def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        self._restore_sigint()
+        super().teardown(trainer, pl_module, stage)
+
+    # ------------------------------------------------------------------ when
+    def mean_step_seconds(self) -> float | None:
+        """The measured mean duration of a training step (saves excluded), or None before two steps."""
+        return self._step_seconds / self._steps_timed if self._steps_timed else None
+
+    def _adapt_interval(self) -> None:
+        step = self.mean_step_seconds()
+        if self.every_n_steps is not None or step is None or not self.save_seconds:
+            return
+        save = sum(self.save_seconds) / len(self.save_seconds)
+        needed = math.ceil(save / (self.overhead * max(step, 1e-9)))
+        self.interval = max(1, min(self.max_every_n_steps, needed))
+
+    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        # a resumed run starts from a saved step: count the interval from there
+        self._last_saved_step = trainer.global_step if trainer.global_step > 0 else -1
+
+    def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any, batch_idx: int) -> None:
+        if self._last_batch_end is None:
+            self._last_batch_end = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.perf_counter()
+        if self._last_batch_end is not None:
+            self._step_seconds += now - self._last_batch_end
+            self._steps_timed += 1
+        step = trainer.global_step
+        stop = self._signal or ("SIGTERM" if trainer.received_sigterm else None)
+        if stop is not None or self._due(step):
+            self._save_last(trainer)
+        if stop is not None:
+            self._restore_sigint()
+            path = self.last_model_path
+            raise TrainingInterrupted(
+                f"lit-constrained: {stop} received: stopped after step {step}, saved {path}; "
+                "resume with --ckpt_path last (or the path)."
+            )
+        self._last_batch_end = time.perf_counter()
+
+    def _due(self, step: int) -> bool:
+        """Fixed interval: every multiple of ``every_n_steps``. Adaptive: after step 1, then whenever
+        ``interval`` steps have passed since the last save."""
+        if self.every_n_steps is not None:
+            return step % self.every_n_steps == 0
+        return self._last_saved_step < 0 or step - self._last_saved_step >= self.interval
+
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        return  # only step-based and final saves
+
+    def on_validation_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        return
+
+    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if trainer.global_step != self._last_saved_step:
+            self._save_last(trainer)
+
+    def _save_last(self, trainer: "pl.Trainer") -> None:
+        if self._should_skip_saving_checkpoint(trainer):
+            return
+        start = time.perf_counter()
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        self.save_seconds.append(time.perf_counter() - start)
+        self.save_seconds = self.save_seconds[-20:]
+        self._last_saved_step = trainer.global_step
+        self._adapt_interval()
+
+    # ------------------------------------------------------------------ signals
+    def _install_sigint(self) -> None:
+        if self._previous_sigint is not None:
+            return
+        try:
+            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not the main thread: leave SIGINT alone
+            self._previous_sigint = None
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None:
+            try:
+                signal.signal(signal.SIGINT, self._previous_sigint)
+            except ValueError:
+                pass
+            self._previous_sigint = None
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        if self._signal is not None:  # a second Ctrl+C: stop now, without waiting for the step
+            self._restore_sigint()
+            raise KeyboardInterrupt
+        self._signal = "SIGINT"
+        print(
+            "lit-constrained: SIGINT received: finishing the step, then saving last.ckpt (Ctrl+C again to abort).",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["interval"] = self.interval
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.interval = int(state_dict.get("interval", self.interval))
+
+
+def has_checkpoint_callback(callbacks: Any) -> bool:
+    """Whether a (list of) callback(s) already holds a ``ModelCheckpoint``."""
+    if callbacks is None:
+        return False
+    items = callbacks if isinstance(callbacks, (list, tuple)) else [callbacks]
+    return any(isinstance(cb, ModelCheckpoint) for cb in items)
+
+
+def with_default_checkpoint(trainer_config: dict[str, Any]) -> list[Any] | None:
+    """The trainer's callbacks plus a :class:`CrashSafeCheckpoint` when checkpointing is enabled
+    (``enable_checkpointing`` not False) and no ``ModelCheckpoint`` is configured; None: unchanged."""
+    callbacks = trainer_config.get("callbacks")
+    if trainer_config.get("enable_checkpointing") is False or has_checkpoint_callback(callbacks):
+        return None
+    items = [] if callbacks is None else list(callbacks if isinstance(callbacks, (list, tuple)) else [callbacks])
+    return items + [CrashSafeCheckpoint()]
+
+
+class MissingCheckpointError(FileNotFoundError):
+    """``ckpt_path='last'`` with no ``last.ckpt`` to resume from."""
+
+
+#: the ``ckpt_path`` value that resumes from ``last`` when there is one and starts fresh otherwise
+LAST_OR_FRESH = "last-or-fresh"
+
+
+def resolve_last(trainer: "pl.Trainer", ckpt_path: str | None) -> str | None:
+    """Check a ``ckpt_path`` of ``"last"`` before fitting.
+
+    ``"last"`` with no last checkpoint in any ``ModelCheckpoint``'s directory raises
+    :class:`MissingCheckpointError` naming the directories (Lightning itself only warns and trains
+    from scratch). ``"last-or-fresh"`` is the opt-in to start fresh: it becomes ``"last"`` when a last
+    checkpoint exists and ``None`` otherwise. Other values are returned unchanged.
+    """
+    if ckpt_path not in ("last", LAST_OR_FRESH):
+        return ckpt_path
+    found: set[str] = set()
+    searched: list[str] = []
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            found |= {p for p in callback._find_last_checkpoints(trainer) if Path(p).is_file()}
+            searched.append(str(callback.dirpath))
+    if found:
+        return "last"
+    if ckpt_path == LAST_OR_FRESH:
+        rank_zero_info(f"lit-constrained: no last checkpoint in {searched}: starting fresh.")
+        return None
+    where = ", ".join(searched) if searched else "nowhere (checkpointing is disabled)"
+    raise MissingCheckpointError(
+        f"--ckpt_path last: no last checkpoint found (searched {where}). Pass the checkpoint's path, "
+        f"or --ckpt_path {LAST_OR_FRESH} to resume when one exists and start fresh otherwise."
+    )
