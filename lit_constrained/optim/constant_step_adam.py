@@ -61,8 +61,15 @@ class ConstantStepAdam(torch.optim.Optimizer):
     Complex parameters are treated as pairs of real numbers (``view_as_real``), so the second
     moment is taken per real and imaginary part.
 
-    State: per parameter ``"exp_avg"`` (:math:`m`), ``"exp_avg_sq"`` (:math:`v`) and ``"step"``;
-    the optimizer-wide string key ``"k"`` counts the steps taken (a diagnostic, checkpointed).
+    All hyperparameters are per param group (``lr``, ``betas``, ``eps``, ``bias_correction``), so
+    schedulers, ``CyclicLR(cycle_momentum=True)`` / ``OneCycleLR`` (on ``betas[0]``) and
+    ``load_state_dict`` (which restores the saved ones) work as with ``torch.optim.Adam``.
+
+    State: per parameter ``"exp_avg"`` (:math:`m`), ``"exp_avg_sq"`` (:math:`v`) and ``"step"`` (a CPU
+    tensor, as in ``torch.optim.Adam``). ``step(closure=None, *, diagnostics=False)``: with
+    ``diagnostics=True``, ``optimizer.diagnostics`` holds ``step_norm`` (:math:`\|w_{t+1} - w_t\|` over
+    all groups, a 0-dim tensor; one extra pass, the update itself is unchanged); on other steps it is
+    empty.
 
     Example:
         >>> import torch
@@ -75,6 +82,7 @@ class ConstantStepAdam(torch.optim.Optimizer):
     """
 
     requires: frozenset[str] = frozenset()
+    diagnostics: dict[str, Tensor]
 
     def __init__(
         self,
@@ -89,19 +97,15 @@ class ConstantStepAdam(torch.optim.Optimizer):
         check_positive("eps", eps)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, bias_correction=bool(bias_correction))
         super().__init__(params, defaults)
+        self.diagnostics = {}
 
     @torch.no_grad()
-    def step(
-        self,
-        closure: Callable[[], Any] | None = None,
-        *,
-        constraints: Tensor | None = None,
-        jacobian: Tensor | None = None,
-    ) -> Any:
-        """One step of Algorithm 1. ``constraints`` / ``jacobian`` are accepted and ignored.
+    def step(self, closure: Callable[[], Any] | None = None, *, diagnostics: bool = False) -> Any:
+        """One step of Algorithm 1; ``diagnostics=True`` fills ``optimizer.diagnostics`` (else emptied).
 
         Returns the closure's value (``None`` without closure).
         """
+        self.diagnostics = {}
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -115,12 +119,16 @@ class ConstantStepAdam(torch.optim.Optimizer):
                     "or pass a number as lr."
                 )
             check_lr(group["lr"])
-        for group in self.param_groups:
-            self._step_group(group)
-        self.state["k"] = int(self.state.get("k", 0)) + 1
+        squares = [self._step_group(group, diagnostics) for group in self.param_groups]
+        if diagnostics:
+            squares = [t for t in squares if t is not None]
+            device = self.param_groups[0]["params"][0].device
+            total = torch.stack(squares).sum() if squares else torch.zeros((), device=device)
+            self.diagnostics["step_norm"] = total.sqrt()
         return loss
 
-    def _step_group(self, group: dict[str, Any]) -> None:
+    def _step_group(self, group: dict[str, Any], diagnostics: bool) -> Tensor | None:
+        """Update one group; with ``diagnostics`` return the squared norm of its update (float64)."""
         params: list[Tensor] = []
         grads: list[Tensor] = []
         exp_avgs: list[Tensor] = []
@@ -143,7 +151,7 @@ class ConstantStepAdam(torch.optim.Optimizer):
             exp_avg_sqs.append(real_view(state["exp_avg_sq"]))
             steps.append(int(state["step"].item()))
         if not params:
-            return
+            return None
         beta1, beta2 = group["betas"]
         lr = float(group["lr"])
         # m <- beta1 m + (1 - beta1) g ;  v <- beta2 v + (1 - beta2) g^2
@@ -155,8 +163,13 @@ class ConstantStepAdam(torch.optim.Optimizer):
         if group["bias_correction"]:
             # m^ / (sqrt(v^) + eps) = m / (1 - b1^t) / (sqrt(v) / sqrt(1 - b2^t) + eps)
             torch._foreach_div_(denom, [(1.0 - beta2**t) ** 0.5 for t in steps])
-            torch._foreach_add_(denom, group["eps"])
-            torch._foreach_addcdiv_(params, exp_avgs, denom, [-lr / (1.0 - beta1**t) for t in steps])
+            scales = [-lr / (1.0 - beta1**t) for t in steps]
         else:
-            torch._foreach_add_(denom, group["eps"])
-            torch._foreach_addcdiv_(params, exp_avgs, denom, value=-lr)
+            scales = [-lr] * len(params)
+        torch._foreach_add_(denom, group["eps"])
+        squared = None
+        if diagnostics:  # ||update||^2 = sum_i scale_i^2 ||m_i / denom_i||^2, before the update overwrites nothing
+            norms = torch._foreach_norm(torch._foreach_div(exp_avgs, denom))
+            squared = sum(s * s * n.double() ** 2 for s, n in zip(scales, norms))
+        torch._foreach_addcdiv_(params, exp_avgs, denom, scales)
+        return squared

@@ -44,38 +44,55 @@ Online lower bound (``estimate_lower_bound=True``, MoMo* / MoMo-Adam*). The user
         f^*_{k+1} = \max\Big\{\frac{h_k - \tfrac12 \tau_k \|d_k\|^2_{D_k^{-1}}}{\rho_k}, f^*_1\Big\}.
 
 Several parameter groups. :math:`\bar f, \gamma, \langle d, x\rangle` and :math:`\|d\|^2_{D^{-1}}` are
-sums over ALL parameters (one model of the one loss), so beta(s), ``lower_bound``,
-``estimate_lower_bound`` and ``bias_correction`` must be the same in every group. Each group i gets its
-own :math:`\tau_i = \min\{\alpha_i/\rho_k, \zeta_i\}` from its own lr :math:`\alpha_i` and weight decay
-:math:`\lambda_i` (and, for MoMo-Adam, its own eps in :math:`D`); with equal lr and weight decay in all
-groups this is exactly the paper's single step size. ResetStar is applied group after group (each can
-only lower :math:`f^*`), and EstimateStar uses :math:`\sum_i \tau_i \|d_i\|^2_{D^{-1}}` in place of
-:math:`\tau_k \|d_k\|^2_{D^{-1}}`.
+sums over ALL parameters (one model of the one loss), so the momentum / betas, ``lower_bound``,
+``estimate_lower_bound``, ``bias_correction`` and ``check_finite`` must be the same in every group (a
+``ValueError`` names the key otherwise). Each group i gets its own
+:math:`\tau_i = \min\{\alpha_i/\rho_k, \zeta_i\}` from its own lr :math:`\alpha_i` and weight decay
+:math:`\lambda_i` (and, for MoMo-Adam, its own eps in :math:`D` and its own ``decoupled_weight_decay``);
+with equal lr and weight decay in all groups this is exactly the paper's single step size. ResetStar is
+applied group after group (each can only lower :math:`f^*`), and EstimateStar uses
+:math:`\sum_i \tau_i \|d_i\|^2_{D^{-1}}` in place of :math:`\tau_k \|d_k\|^2_{D^{-1}}`.
+
+torch.optim conventions:
+
+* Every hyperparameter is in ``defaults`` and each param group (``repr`` shows them,
+  ``load_state_dict`` restores the saved ones). MoMo's :math:`\beta` is the group key ``momentum`` and
+  MoMo-Adam's :math:`(\beta_1, \beta_2)` the key ``betas``, so ``OneCycleLR`` / ``CyclicLR(cycle_momentum=True)``
+  can drive them and Lightning's ``LearningRateMonitor(log_momentum=True)`` reads them. A scheduled
+  :math:`\beta_k` enters the averages step by step; the bias correction uses the current one,
+  :math:`\rho_k = 1 - \beta_k^k`, as torch's Adam does.
+* ``step(closure, *, diagnostics=False)``: the closure returns the (already back-propagated) loss.
+  ``optimizer.diagnostics`` is a dict of 0-dim tensors, filled only on the steps called with
+  ``diagnostics=True`` and emptied on the others: ``tau``, ``zeta`` (the step size and the adaptive
+  term; ``tau/group<i>``, ``zeta/group<i>`` with several groups) and ``lower_bound_used`` (the
+  :math:`f^*_k` this step used, after ResetStar).
+* ``optimizer.state`` holds exactly what resuming needs: ``state["momo"]`` with ``step`` (k, an int),
+  ``loss_avg`` (:math:`\bar f_k`), ``gamma`` (:math:`\gamma_k`) and ``lower_bound`` (:math:`f^*_{k+1}`),
+  0-dim float64 tensors on the parameters' device, read directly (``opt.state["momo"]["lower_bound"]`` is the
+  current estimate of :math:`f^*`), and the per-parameter moments. ``state_dict()`` /
+  ``load_state_dict()`` resume the exact trajectory.
 
 Details:
 
 * The loss value comes from the closure: ``loss.backward(); opt.step(lambda: loss)``. In data-parallel
   training it must be the mean over ranks (the package's stepper does this), else replicas drift apart.
-* A NaN/inf loss or gradient raises ``ValueError`` before anything is changed.
-* A zero direction (:math:`\|d_k\| = 0`) gives :math:`\tau_k = 0` and a zero step (``tau`` and
-  ``zeta`` are recorded as 0; with weight decay the shrinkage :math:`x/(1+\alpha\lambda)` still applies,
-  as it is the exact proximal step).
+* No host sync: the inner products are taken per tensor in the parameter dtype and summed in float64
+  on the device, and :math:`\bar f, \gamma, f^*, \zeta, \tau` stay 0-dim device tensors (the step is
+  applied with a tensor factor), so a step never waits for the device. Hence, as in ``torch.optim``,
+  a NaN/inf loss or gradient is not detected by default: it propagates into the parameters. With
+  ``check_finite=True`` the step reads one flag (:math:`f` and :math:`\langle g, x\rangle` finite) and
+  raises ``ValueError`` before anything is changed; the package's ``TrainingStepper`` checks the loss
+  and gradients itself (``on_nonfinite``).
+* A zero direction (:math:`\|d_k\| = 0`) gives :math:`\tau_k = \zeta_k = 0` and a zero step (with weight
+  decay the shrinkage :math:`x/(1+\alpha\lambda)` still applies, as it is the exact proximal step).
 * Parameters whose ``.grad`` is None are left out of the step (not moved, moments untouched), as in
-  torch's optimizers.
-* Inner products are taken per tensor in the parameter dtype and summed in float64 on the host; the
-  scalars :math:`k, \bar f, \gamma, f^*` are Python floats. One step costs two host syncs.
-* ``optimizer.state`` holds everything the trajectory depends on: ``state["momo"]`` (``step``,
-  ``loss_avg``, ``gamma``, ``lower_bound``: the :math:`f^*` of the next step, and
-  ``lower_bound_used``: the one this step used, after ResetStar), ``state["group<i>"]`` (``tau``, ``zeta``: the last step
-  size and adaptive term of group i) and the per-parameter moments, so ``state_dict()`` /
-  ``load_state_dict()`` resume the exact trajectory. Complex parameters are treated as pairs of reals.
+  torch's optimizers. Complex parameters are treated as pairs of reals.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Union
@@ -90,14 +107,10 @@ from .flat import real_view
 ParamsT = Union[Iterable[Tensor], Iterable[dict[str, Any]]]
 
 GLOBAL_KEY = "momo"
+"""The ``optimizer.state`` key of the loss model's scalars (``step``, ``loss_avg``, ``gamma``, ``lower_bound``)."""
 
 
-def group_key(i: int) -> str:
-    """The ``optimizer.state`` key of group i's step-size diagnostics (``tau``, ``zeta``)."""
-    return f"group{i}"
-
-
-# ---------------------------------------------------------------------------- scalar rules
+# ---------------------------------------------------------------------------- scalar rules (0-dim tensors)
 
 
 def adaptive_step(
@@ -105,64 +118,76 @@ def adaptive_step(
     lr: float,
     weight_decay: float,
     rho: float,
-    loss_avg: float,
-    gamma: float,
-    d_dot_x: float,
-    d_norm_sq: float,
-    lower_bound: float,
-) -> tuple[float, float]:
-    r"""``(tau, zeta)`` of Lemma 3.1: :math:`\tau = \min\{\alpha/\rho, \zeta\}`; (0, 0) when d = 0."""
-    if not d_norm_sq > 0.0:
-        return 0.0, 0.0
+    loss_avg: Tensor,
+    gamma: Tensor,
+    d_dot_x: Tensor,
+    d_norm_sq: Tensor,
+    lower_bound: Tensor,
+) -> tuple[Tensor, Tensor]:
+    r"""``(tau, zeta)`` of Lemma 3.1: :math:`\tau = \min\{\alpha/\rho, \zeta\}`; (0, 0) when d = 0.
+
+    :math:`\zeta = ((1+\alpha\lambda)(\bar f - \rho f^* - \gamma) + \langle d, x\rangle)_+ / \|d\|^2_{D^{-1}}`,
+    computed on the device (no host sync).
+    """
     scale = 1.0 + lr * weight_decay
     gap = scale * (loss_avg - rho * lower_bound - gamma) + d_dot_x
-    zeta = max(gap, 0.0) / d_norm_sq
-    return min(lr / rho, zeta), zeta
+    positive = d_norm_sq > 0.0
+    zeta = torch.where(positive, gap.clamp_min(0.0) / torch.where(positive, d_norm_sq, 1.0), 0.0)
+    return zeta.clamp(max=lr / rho), zeta
 
 
 def reset_lower_bound(
-    lower_bound: float,
+    lower_bound: Tensor,
     floor: float,
     *,
     lr: float,
     weight_decay: float,
     rho: float,
-    loss_avg: float,
-    gamma: float,
-    d_dot_x: float,
-) -> float:
-    r"""ResetStar (Algorithm 3): lower :math:`f^*_k` when it would make :math:`\zeta_k = 0`."""
+    loss_avg: Tensor,
+    gamma: Tensor,
+    d_dot_x: Tensor,
+) -> Tensor:
+    r"""ResetStar (Algorithm 3): lower :math:`f^*_k` when it would make :math:`\zeta_k = 0`.
+
+    If :math:`(1+\alpha\lambda)\rho f^* \ge h^\lambda`, :math:`f^* \leftarrow \max\{h^\lambda / (2(1+\alpha\lambda)\rho), f^*_1\}`.
+    """
     scale = 1.0 + lr * weight_decay
     h_lam = scale * (loss_avg - gamma) + d_dot_x
-    if scale * rho * lower_bound >= h_lam:
-        return max(h_lam / (2.0 * scale * rho), floor)
-    return lower_bound
+    lowered = (h_lam / (2.0 * scale * rho)).clamp_min(floor)
+    return torch.where(scale * rho * lower_bound >= h_lam, lowered, lower_bound)
 
 
 def estimate_lower_bound(
-    floor: float, *, rho: float, loss_avg: float, gamma: float, d_dot_x: float, tau_d_norm_sq: float
-) -> float:
+    floor: float, *, rho: float, loss_avg: Tensor, gamma: Tensor, d_dot_x: Tensor, tau_d_norm_sq: Tensor
+) -> Tensor:
     r"""EstimateStar (Algorithm 4): :math:`f^*_{k+1} = \max\{(h_k - \tau_k\|d_k\|^2_{D^{-1}}/2)/\rho_k, f^*_1\}`."""
     h = loss_avg + d_dot_x - gamma
-    return max((h - 0.5 * tau_d_norm_sq) / rho, floor)
+    return ((h - 0.5 * tau_d_norm_sq) / rho).clamp_min(floor)
 
 
 # ---------------------------------------------------------------------------- tensor helpers
 
 
-def _dots(a: list[Tensor], b: list[Tensor]) -> Tensor:
-    """Per-tensor inner products <a_i, b_i> as one 1-D tensor.
+def _dot_sum(a: list[Tensor], b: list[Tensor], dtype: torch.dtype) -> Tensor:
+    r""":math:`\sum_i \langle a_i, b_i\rangle` as a 0-dim ``dtype`` tensor, on the device.
 
-    torch has no multi-tensor dot; ``torch._foreach_mm`` on (1, n) x (n, 1) views was 8x slower than
-    BLAS dots on CPU (benchmarks/bench_momo.py), so this is one dot kernel per tensor.
+    One dot per tensor in the tensors' dtype (BLAS), summed in ``dtype``. torch has no multi-tensor dot;
+    ``torch._foreach_mm`` on (1, n) x (n, 1) views was 8x slower than BLAS dots on CPU.
     """
-    return torch.stack([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b)])
+    dots = [torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b)]
+    if len(dots) == 1:
+        return dots[0].to(dtype)
+    return torch.stack(dots).to(dtype).sum()
 
 
-def _host(*parts: Tensor) -> list[float]:
-    """One device-to-host copy of several 1-D tensors, as Python floats."""
-    device = parts[0].device
-    return torch.cat([p.to(device) for p in parts]).tolist()
+def _scalar_dtype(device: torch.device) -> torch.dtype:
+    """float64 for the loss model's scalars, except on MPS (no float64 there)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def _diagnostic_name(key: str, index: int, several: bool) -> str:
+    """``key`` with one param group, ``key/group<i>`` with several (as the step-size monitor logs them)."""
+    return f"{key}/group{index}" if several else key
 
 
 @dataclass
@@ -184,12 +209,16 @@ class _MoMoBase(Optimizer, ABC):
     """The MoMo step shared by :class:`MoMo` and :class:`MoMoAdam` (see the module docstring)."""
 
     requires: frozenset[str] = frozenset()
-    _shared_keys: tuple[str, ...] = ("lower_bound", "estimate_lower_bound")
+    _shared_keys: tuple[str, ...] = ("lower_bound", "estimate_lower_bound", "check_finite")
+
+    def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
+        super().__init__(params, defaults)
+        self.diagnostics: dict[str, Tensor] = {}
 
     # -- subclass hooks
     @abstractmethod
     def _beta(self, group: dict[str, Any]) -> float:
-        """beta (MoMo) or beta1 (MoMo-Adam) of the group."""
+        """beta (MoMo's ``momentum``) or beta1 (MoMo-Adam) of the group."""
 
     @abstractmethod
     def _rho(self, k: int, group: dict[str, Any]) -> float:
@@ -208,10 +237,10 @@ class _MoMoBase(Optimizer, ABC):
         """Update the moments of one group; return (d, U, s) with D^{-1} d = s * U."""
 
     @abstractmethod
-    def _apply(self, g: _Group, tau: float, direction: list[Tensor], scale: float) -> None:
-        """x <- the update of one group with step tau along D^{-1} d = scale * direction."""
+    def _apply(self, g: _Group, step: Tensor, direction: list[Tensor]) -> None:
+        """x <- the update of one group: x + step * direction (step = -tau s, a 0-dim tensor), with decay."""
 
-    # -- public API
+    # -- the step
     @torch.no_grad()
     def _collect(self) -> list[_Group]:
         groups = []
@@ -250,18 +279,13 @@ class _MoMoBase(Optimizer, ABC):
                         "once, in the optimizer's arguments, not per group."
                     )
 
-    def step(
-        self,
-        closure: Callable[[], Any] | None = None,
-        *,
-        constraints: Tensor | None = None,
-        jacobian: Tensor | None = None,
-    ) -> Any:
+    def step(self, closure: Callable[[], Any] | None = None, *, diagnostics: bool = False) -> Any:
         """One MoMo step. ``closure`` returns the loss value (it is called once, under grad mode).
 
-        ``constraints`` / ``jacobian`` are accepted and ignored (the package-wide step signature).
-        Returns the closure's value.
+        ``diagnostics=True`` fills ``optimizer.diagnostics`` (0-dim tensors, no host sync); otherwise it
+        is emptied. Returns the closure's value.
         """
+        self.diagnostics = {}
         if closure is None:
             raise ValueError(
                 f"{type(self).__name__} needs the loss value: call step(closure) with a closure that returns "
@@ -274,84 +298,93 @@ class _MoMoBase(Optimizer, ABC):
         if loss.numel() != 1:
             raise ValueError(f"The closure must return a scalar loss; got a tensor of shape {tuple(loss.shape)}.")
         with torch.no_grad():
-            self._step(loss.detach().reshape(1))
+            self._step(loss.detach().reshape(()), diagnostics)
         return value
 
     @torch.no_grad()
-    def _step(self, loss: Tensor) -> None:
+    def _step(self, loss: Tensor, diagnostics: bool) -> None:
         groups = self._collect()
         if not groups:
             return
         first = self.param_groups[0]
+        device = groups[0].params[0].device
+        dtype = _scalar_dtype(device)
+
+        def scalar(value: Any) -> Tensor:
+            return torch.as_tensor(value, dtype=dtype, device=device)
+
         previous = self.state.get(GLOBAL_KEY, {})
         k = int(previous.get("step", 0)) + 1
         rho = self._rho(k, first)
         weight = self._first_weight(k, first)
         floor = float(first["lower_bound"])
         estimate = bool(first["estimate_lower_bound"])
-        f_star = float(previous.get("lower_bound", floor)) if estimate else floor
+        f_star = scalar(previous.get("lower_bound", floor) if estimate else floor)
 
-        # 1. loss and <g, x>: check finiteness before anything changes
+        # 1. loss and <g, x> (checked before anything changes when asked: the only host sync)
         params = [p for g in groups for p in g.params]
         grads = [t for g in groups for t in g.grads]
-        host = _host(loss, _dots(grads, params))
-        f, gx = host[0], math.fsum(host[1:])
-        if not (math.isfinite(f) and math.isfinite(gx)):
-            what = "loss" if not math.isfinite(f) else "gradient (or parameters)"
-            raise ValueError(
-                f"{type(self).__name__}: the {what} is not finite (loss={f!r}, <g, x>={gx!r}); the step was "
-                "not taken. Check the loss at this batch (a diverging run, a bad batch, log of 0, ...)."
-            )
-        loss_avg = float(previous.get("loss_avg", 0.0))
-        gamma = float(previous.get("gamma", 0.0))
+        f = scalar(loss)
+        gx = _dot_sum(grads, params, dtype)
+        if first["check_finite"]:
+            self._raise_if_not_finite(f, gx)
+        loss_avg = scalar(previous.get("loss_avg", 0.0))
+        gamma = scalar(previous.get("gamma", 0.0))
         loss_avg = loss_avg + weight * (f - loss_avg)
         gamma = gamma + weight * (gx - gamma)
 
         # 2. moments, then <d, x> and ||d||^2_{D^-1} per group
-        directions, scales, pieces, sizes = [], [], [], []
+        directions, scales, dx_parts, dnorms = [], [], [], []
         for g in groups:
             d, u, s = self._update_moments(k, g, weight)
             directions.append(u)
             scales.append(s)
-            pieces += [_dots(d, g.params), _dots(d, u)]
-            sizes.append(len(d))
-        host = _host(*pieces)
-        dx_parts, dnorms = [], []
-        for n, s in zip(sizes, scales):
-            dx_parts.append(math.fsum(host[:n]))
-            dnorms.append(s * math.fsum(host[n : 2 * n]))
-            host = host[2 * n :]
-        d_dot_x = math.fsum(dx_parts)
+            dx_parts.append(_dot_sum(d, g.params, dtype))
+            dnorms.append(s * _dot_sum(d, u, dtype))
+        d_dot_x = sum(dx_parts[1:], dx_parts[0])
+        d_norm_sq = sum(dnorms[1:], dnorms[0])
 
         # 3. ResetStar, step sizes, update
         model = dict(rho=rho, loss_avg=loss_avg, gamma=gamma, d_dot_x=d_dot_x)
-        d_norm_sq = math.fsum(dnorms)
-        taus, zetas = [], []
-        for g in groups:
-            lr, wd = float(g.group["lr"]), float(g.group["weight_decay"])
-            if estimate:
+        if estimate:
+            for g in groups:
+                lr, wd = float(g.group["lr"]), float(g.group["weight_decay"])
                 f_star = reset_lower_bound(f_star, floor, lr=lr, weight_decay=wd, **model)
+        taus, zetas = [], []
         for g, u, s in zip(groups, directions, scales):
             lr, wd = float(g.group["lr"]), float(g.group["weight_decay"])
             tau, zeta = adaptive_step(lr=lr, weight_decay=wd, d_norm_sq=d_norm_sq, lower_bound=f_star, **model)
-            self._apply(g, tau, u, s)
+            self._apply(g, tau * -s, u)
             taus.append(tau)
             zetas.append(zeta)
 
         # 4. EstimateStar, record
         used = f_star
         if estimate:
-            tau_dnorm = math.fsum(t * n for t, n in zip(taus, dnorms))
+            tau_dnorm = sum((t * n for t, n in zip(taus[1:], dnorms[1:])), taus[0] * dnorms[0])
             f_star = estimate_lower_bound(floor, tau_d_norm_sq=tau_dnorm, **model)
-        self.state[GLOBAL_KEY] = {
-            "step": k,
-            "loss_avg": loss_avg,
-            "gamma": gamma,
-            "lower_bound": f_star,
-            "lower_bound_used": used,
-        }
-        for g, tau, zeta in zip(groups, taus, zetas):
-            self.state[group_key(g.index)] = {"tau": tau, "zeta": zeta}
+        self.state[GLOBAL_KEY] = {"step": k, "loss_avg": loss_avg, "gamma": gamma, "lower_bound": f_star}
+        if diagnostics:
+            several = len(self.param_groups) > 1
+            for g, tau, zeta in zip(groups, taus, zetas):
+                self.diagnostics[_diagnostic_name("tau", g.index, several)] = tau
+                self.diagnostics[_diagnostic_name("zeta", g.index, several)] = zeta
+            self.diagnostics["lower_bound_used"] = used
+
+    def _raise_if_not_finite(self, f: Tensor, gx: Tensor) -> None:
+        """``check_finite=True``: one host sync; raise before anything is changed."""
+        if bool(torch.isfinite(f) & torch.isfinite(gx)):
+            return
+        what = "loss" if not bool(torch.isfinite(f)) else "gradient (or parameters)"
+        raise ValueError(
+            f"{type(self).__name__}: the {what} is not finite (loss={float(f)!r}, <g, x>={float(gx)!r}); the "
+            "step was not taken. Check the loss at this batch (a diverging run, a bad batch, log of 0, ...)."
+        )
+
+
+def _add_scaled_(params: list[Tensor], direction: list[Tensor], step: Tensor) -> None:
+    """x_i += step * u_i for every tensor, with a 0-dim tensor factor (no host sync)."""
+    torch._foreach_addcmul_(params, direction, [step] * len(params))
 
 
 # ---------------------------------------------------------------------------- MoMo
@@ -368,57 +401,62 @@ class MoMo(_MoMoBase):
 
     with :math:`\rho_k = 1` (averages start at the first sample) or, with ``bias_correction``,
     :math:`\rho_k = 1 - \beta^k` (averages start at 0). With a small lr the cap is active and MoMo is
-    ``torch.optim.SGD(momentum=beta, dampening=beta)``; with ``beta = 0`` it is SPS_max. See the module
-    docstring for the online lower bound and parameter groups.
+    ``torch.optim.SGD(momentum=beta, dampening=beta)``; with ``momentum = 0`` it is SPS_max. See the
+    module docstring for the online lower bound, parameter groups and diagnostics.
 
     Args:
         params: parameters or parameter groups (per group: ``lr``, ``weight_decay``).
-        lr: the user learning rate :math:`\alpha`, the cap of the adaptive step (default 1.0).
-        beta: momentum :math:`\beta \in [0, 1)`, the same in all groups.
+        lr: the user learning rate :math:`\alpha`, the cap of the adaptive step (default 1.0, the
+            paper's: with a small cap MoMo is plain SGD with momentum).
+        momentum: :math:`\beta \in [0, 1)`, the averaging weight of the loss model (the group key
+            ``momentum``, so momentum schedulers drive it), the same in all groups.
         weight_decay: :math:`\lambda \ge 0` (a proximal l2 term, kept out of the loss model).
         lower_bound: a lower bound :math:`f^*` of the loss (0 for most losses); with
             ``estimate_lower_bound`` the start value and floor of the online estimate. May be negative.
         estimate_lower_bound: estimate :math:`f^*` online (MoMo*).
         bias_correction: MoMo-Bias (Algorithm 5).
+        check_finite: raise on a NaN/inf loss or gradient, at the cost of one host sync per step.
     """
 
-    _shared_keys = ("beta", "lower_bound", "estimate_lower_bound", "bias_correction")
+    _shared_keys = ("momentum", "lower_bound", "estimate_lower_bound", "bias_correction", "check_finite")
 
     def __init__(
         self,
         params: ParamsT,
         lr: float = 1.0,
-        beta: float = 0.9,
+        momentum: float = 0.9,
         weight_decay: float = 0.0,
         lower_bound: float = 0.0,
         estimate_lower_bound: bool = False,
         bias_correction: bool = False,
+        check_finite: bool = False,
     ) -> None:
         check_lr(lr)
-        check_beta("beta", beta)
-        _check_common(weight_decay, lower_bound, estimate_lower_bound)
+        check_beta("momentum", momentum)
+        _check_common(weight_decay, lower_bound, estimate_lower_bound, check_finite)
         if not isinstance(bias_correction, bool):
             raise ValueError(f"Invalid bias_correction={bias_correction!r}: it must be True or False.")
         defaults = dict(
             lr=lr,
-            beta=beta,
+            momentum=momentum,
             weight_decay=weight_decay,
             lower_bound=lower_bound,
             estimate_lower_bound=estimate_lower_bound,
             bias_correction=bias_correction,
+            check_finite=check_finite,
         )
         super().__init__(params, defaults)
 
     def _beta(self, group: dict[str, Any]) -> float:
-        return float(group["beta"])
+        return float(group["momentum"])
 
     def _rho(self, k: int, group: dict[str, Any]) -> float:
-        return 1.0 - float(group["beta"]) ** k if group["bias_correction"] else 1.0
+        return 1.0 - float(group["momentum"]) ** k if group["bias_correction"] else 1.0
 
     def _first_weight(self, k: int, group: dict[str, Any]) -> float:
         if k == 1 and not group["bias_correction"]:
             return 1.0  # fbar_0 = f_1, d_0 = g_1, gamma_0 = <g_1, x_1>
-        return 1.0 - float(group["beta"])
+        return 1.0 - float(group["momentum"])
 
     def _init_param_state(self, p: Tensor) -> dict[str, Tensor]:
         return {"grad_avg": torch.zeros_like(p, memory_format=torch.preserve_format)}
@@ -428,10 +466,9 @@ class MoMo(_MoMoBase):
         torch._foreach_lerp_(d, g.grads, weight)
         return d, d, 1.0
 
-    def _apply(self, g: _Group, tau: float, direction: list[Tensor], scale: float) -> None:
+    def _apply(self, g: _Group, step: Tensor, direction: list[Tensor]) -> None:
         shrink = 1.0 + float(g.group["lr"]) * float(g.group["weight_decay"])
-        if tau > 0.0:
-            torch._foreach_add_(g.params, direction, alpha=-tau * scale)
+        _add_scaled_(g.params, direction, step)
         if shrink != 1.0:
             torch._foreach_mul_(g.params, 1.0 / shrink)
 
@@ -456,12 +493,12 @@ class MoMoAdam(_MoMoBase):
 
     :math:`\bar f, \gamma, d, v` start at 0. With a small lr the cap is active and MoMo-Adam is
     ``torch.optim.Adam`` (or AdamW with ``decoupled_weight_decay``). See the module docstring for the
-    online lower bound and parameter groups (per group: ``lr``, ``weight_decay``, ``eps``,
-    ``decoupled_weight_decay``).
+    online lower bound, parameter groups (per group: ``lr``, ``weight_decay``, ``eps``,
+    ``decoupled_weight_decay``) and diagnostics.
 
     Args:
         params: parameters or parameter groups.
-        lr: the user learning rate :math:`\alpha` (default 1e-2), the cap of the adaptive step.
+        lr: the user learning rate :math:`\alpha` (default 1e-2, the paper's), the cap of the adaptive step.
         betas: :math:`(\beta_1, \beta_2)`, the same in all groups.
         eps: :math:`\epsilon > 0`, added outside the square root.
         weight_decay: :math:`\lambda \ge 0`.
@@ -469,9 +506,10 @@ class MoMoAdam(_MoMoBase):
             and floor of the online estimate. May be negative.
         estimate_lower_bound: estimate :math:`f^*` online (MoMo-Adam*).
         decoupled_weight_decay: AdamW-style decay (appendix A.2) instead of the proximal one.
+        check_finite: raise on a NaN/inf loss or gradient, at the cost of one host sync per step.
     """
 
-    _shared_keys = ("betas", "lower_bound", "estimate_lower_bound")
+    _shared_keys = ("betas", "lower_bound", "estimate_lower_bound", "check_finite")
 
     def __init__(
         self,
@@ -483,11 +521,12 @@ class MoMoAdam(_MoMoBase):
         lower_bound: float = 0.0,
         estimate_lower_bound: bool = False,
         decoupled_weight_decay: bool = False,
+        check_finite: bool = False,
     ) -> None:
         check_lr(lr)
         check_betas(tuple(betas))
         check_positive("eps", eps)
-        _check_common(weight_decay, lower_bound, estimate_lower_bound)
+        _check_common(weight_decay, lower_bound, estimate_lower_bound, check_finite)
         if not isinstance(decoupled_weight_decay, bool):
             raise ValueError(
                 f"Invalid decoupled_weight_decay={decoupled_weight_decay!r}: it must be True or False."
@@ -500,6 +539,7 @@ class MoMoAdam(_MoMoBase):
             lower_bound=lower_bound,
             estimate_lower_bound=estimate_lower_bound,
             decoupled_weight_decay=decoupled_weight_decay,
+            check_finite=check_finite,
         )
         super().__init__(params, defaults)
 
@@ -548,20 +588,18 @@ class MoMoAdam(_MoMoBase):
             out.append(w)
         return out
 
-    def _apply(self, g: _Group, tau: float, direction: list[Tensor], scale: float) -> None:
+    def _apply(self, g: _Group, step: Tensor, direction: list[Tensor]) -> None:
         lr, wd = float(g.group["lr"]), float(g.group["weight_decay"])
         if wd != 0.0 and g.group["decoupled_weight_decay"]:
             torch._foreach_mul_(g.params, 1.0 - wd * lr)
-            if tau > 0.0:
-                torch._foreach_add_(g.params, direction, alpha=-tau * scale)
+            _add_scaled_(g.params, direction, step)
             return
-        if tau > 0.0:
-            torch._foreach_add_(g.params, direction, alpha=-tau * scale)
+        _add_scaled_(g.params, direction, step)
         if wd != 0.0:
             torch._foreach_mul_(g.params, 1.0 / (1.0 + lr * wd))
 
 
-def _check_common(weight_decay: float, lower_bound: float, estimate_lower_bound: bool) -> None:
+def _check_common(weight_decay: float, lower_bound: float, estimate_lower_bound: bool, check_finite: bool) -> None:
     if not (isinstance(weight_decay, (int, float)) and math.isfinite(weight_decay) and weight_decay >= 0):
         raise ValueError(f"Invalid weight_decay={weight_decay!r}: it must be a finite number >= 0.")
     if not (isinstance(lower_bound, (int, float)) and math.isfinite(lower_bound)):
@@ -571,3 +609,5 @@ def _check_common(weight_decay: float, lower_bound: float, estimate_lower_bound:
         )
     if not isinstance(estimate_lower_bound, bool):
         raise ValueError(f"Invalid estimate_lower_bound={estimate_lower_bound!r}: it must be True or False.")
+    if not isinstance(check_finite, bool):
+        raise ValueError(f"Invalid check_finite={check_finite!r}: it must be True or False.")

@@ -1,4 +1,4 @@
-"""FStarMonitor: reads f*, tau, zeta and the lr from optimizer.state and logs them every step."""
+"""FStarMonitor: reads tau, zeta (the step's diagnostics), f* (optimizer.state) and the lr, logs them every step."""
 
 from __future__ import annotations
 
@@ -18,10 +18,17 @@ from lit_constrained.callbacks.fstar import FStarMonitor, step_size_values
 from lit_constrained.optim.momo import MoMo, MoMoAdam
 
 
-def _one_step(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+def _one_step(opt: torch.optim.Optimizer, params: list[torch.Tensor], diagnostics: bool = True) -> None:
     loss = sum((p**2).sum() for p in params) + 0.5
     loss.backward()
-    opt.step(lambda: loss)
+    if isinstance(getattr(opt, "diagnostics", None), dict):
+        opt.step(lambda: loss, diagnostics=diagnostics)
+    else:
+        opt.step(lambda: loss)
+
+
+def _floats(values: dict) -> dict[str, float]:
+    return {key: float(value) for key, value in values.items()}
 
 
 # ---------------------------------------------------------------------------- reading the state
@@ -32,13 +39,16 @@ def test_reads_momo_state_and_lr() -> None:
     opt = MoMo([x], lr=0.7, estimate_lower_bound=True, lower_bound=-1.0)
     _one_step(opt, [x])
     got = step_size_values(opt)
-    assert got == {
-        "lower_bound": opt.state["momo"]["lower_bound"],
-        "tau": opt.state["group0"]["tau"],
-        "zeta": opt.state["group0"]["zeta"],
+    assert all(isinstance(got[key], torch.Tensor) and got[key].shape == () for key in ("lower_bound", "tau", "zeta"))
+    assert _floats(got) == {
+        "lower_bound": float(opt.state["momo"]["lower_bound"]),  # the current estimate (state)
+        "tau": float(opt.diagnostics["tau"]),  # this step's (diagnostics)
+        "zeta": float(opt.diagnostics["zeta"]),
         "lr": 0.7,
     }
     assert got["lower_bound"] != -1.0  # the estimate moved
+    _one_step(opt, [x], diagnostics=False)  # a step without diagnostics: the estimate only
+    assert _floats(step_size_values(opt)) == {"lower_bound": float(opt.state["momo"]["lower_bound"]), "lr": 0.7}
 
 
 def test_several_groups_get_a_suffix_and_the_global_bound_does_not() -> None:
@@ -47,7 +57,8 @@ def test_several_groups_get_a_suffix_and_the_global_bound_does_not() -> None:
     _one_step(opt, [a, b])
     got = step_size_values(opt)
     assert set(got) == {"lower_bound", "tau/group0", "zeta/group0", "tau/group1", "zeta/group1", "lr/group0", "lr/group1"}
-    assert got["lr/group1"] == 1e-3 and got["tau/group1"] == opt.state["group1"]["tau"]
+    assert got["lr/group1"] == 1e-3 and float(got["tau/group1"]) == float(opt.diagnostics["tau/group1"])
+    assert float(got["tau/group1"]) == pytest.approx(1e-3 / (1 - 0.9))  # the cap of group 1
 
 
 def test_other_optimizers_and_layouts() -> None:
@@ -61,8 +72,10 @@ def test_other_optimizers_and_layouts() -> None:
     sgd.state["tau"] = torch.tensor(0.25)
     sgd.state["diagnostics"] = {"zeta": 2.0, "lower_bound": torch.zeros(3), "flag": True}
     sgd.state["other"] = {"tau": "not a number"}
-    assert step_size_values(sgd) == {"tau": 0.25, "zeta": 2.0, "lr": 0.1}
+    assert _floats(step_size_values(sgd)) == {"tau": 0.25, "zeta": 2.0, "lr": 0.1}
     assert step_size_values(sgd, keys=("zeta",), log_lr=False) == {"zeta": 2.0}
+    sgd.diagnostics = {"zeta": torch.tensor(3.0), "tau": torch.tensor([1.0, 2.0])}  # this step's, preferred
+    assert _floats(step_size_values(sgd, log_lr=False)) == {"tau": 0.25, "zeta": 3.0}
 
 
 @pytest.mark.parametrize(
@@ -91,7 +104,10 @@ class ManualRegression(pl.LightningModule):
         loss = (self.net(x) - y).pow(2).mean()
         opt.zero_grad()
         self.manual_backward(loss)
-        opt.step(closure=lambda: loss)
+        if isinstance(getattr(opt.optimizer, "diagnostics", None), dict):
+            opt.step(closure=lambda: loss, diagnostics=True)
+        else:
+            opt.step(closure=lambda: loss)
         return loss.detach()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -138,11 +154,11 @@ def test_logs_every_step_to_the_logger_and_callback_metrics(tmp_path: Path) -> N
     trainer = _trainer(tmp_path, [FStarMonitor()], steps)
     trainer.fit(module, train_dataloaders=_data())
 
-    state = trainer.optimizers[0].state
+    optimizer = trainer.optimizers[0]
     metrics = trainer.callback_metrics
-    assert float(metrics["fstar/lower_bound"]) == pytest.approx(state["momo"]["lower_bound"], rel=1e-6)
-    assert float(metrics["fstar/tau"]) == pytest.approx(state["group0"]["tau"], rel=1e-6)
-    assert float(metrics["fstar/zeta"]) == pytest.approx(state["group0"]["zeta"], rel=1e-6)
+    assert float(metrics["fstar/lower_bound"]) == pytest.approx(float(optimizer.state["momo"]["lower_bound"]), rel=1e-6)
+    assert float(metrics["fstar/tau"]) == pytest.approx(float(optimizer.diagnostics["tau"]), rel=1e-6)
+    assert float(metrics["fstar/zeta"]) == pytest.approx(float(optimizer.diagnostics["zeta"]), rel=1e-6)
     assert float(metrics["fstar/lr"]) == 0.5
 
     series = _csv_series(tmp_path)
@@ -179,11 +195,11 @@ def test_with_constrained_module_and_momo_adam(tmp_path: Path) -> None:
     # MoMo-Adam: tau = min(lr / (1 - beta1^k), zeta)
     for k, (tau, zeta) in enumerate(zip(series["fstar/tau"], series["fstar/zeta"]), start=1):
         assert tau == pytest.approx(min(0.1 / (1 - 0.9**k), zeta), rel=1e-6)
-    assert series["fstar/lower_bound"][-1] == pytest.approx(trainer.optimizers[0].state["momo"]["lower_bound"])
+    assert series["fstar/lower_bound"][-1] == pytest.approx(float(trainer.optimizers[0].state["momo"]["lower_bound"]))
 
 
 def test_a_resumed_run_continues_the_same_step_sizes(tmp_path: Path) -> None:
-    """Lightning checkpoints keep MoMo's string-keyed state: 4 + 4 steps with a resume == 8 straight."""
+    """Lightning checkpoints keep MoMo's loss model (state["momo"]): 4 + 4 steps with a resume == 8 straight."""
     from lit_constrained.tasks.curve import CurveData, CurveFit
 
     class FullBatch(CurveData):  # every step sees the same batch, whatever the epoch bookkeeping on resume
