@@ -195,6 +195,14 @@ class TrainingStepper:
             kwargs["constraints"] = c_mean
         if need_jacobian:
             kwargs["jacobian"] = J_mean
+        if isinstance(getattr(raw, "diagnostics", None), dict):
+            # the package's optimizers compute their diagnostics only on the steps the module logs
+            logging_step = getattr(module, "is_logging_step", None)
+            if logging_step is not None:
+                kwargs["diagnostics"] = bool(logging_step())
+            else:
+                every = module.trainer.log_every_n_steps
+                kwargs["diagnostics"] = bool(every) and (module.trainer.global_step + 1) % every == 0
         opt.step(closure=lambda: loss_mean, **kwargs)
         self._step_schedulers(module, loss_mean)
         return StepResult(loss_mean, c_mean)

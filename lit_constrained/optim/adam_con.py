@@ -8,7 +8,16 @@ import torch
 from torch import Tensor
 
 from .checks import check_betas, check_positive
-from .constrained import ConstrainedOptimizer, ParamsT, Rho
+from .constrained import (
+    DEFAULT_LR,
+    DEFAULT_MAX_NORMAL_STEP,
+    DEFAULT_RHO,
+    ConstrainedOptimizer,
+    MaxNormalStep,
+    ParamsT,
+    Precision,
+    Rho,
+)
 from .nullspace import DEFAULT_RCOND, NullSpace
 
 
@@ -34,47 +43,57 @@ class AdamCon(ConstrainedOptimizer):
     Args:
         params: parameters or parameter groups.
         lr: step size.
-        betas: Adam's :math:`(\beta_1, \beta_2)`.
-        eps: added inside the square root of H.
-        rho: normal-component scale (1.0 is the published method) or ``"full"``.
-        rcond: relative singular-value cutoff defining the numerical rank of :math:`\hat J`.
-        max_normal_step: optional cap on the normal step, relative to ||x|| (off by default).
+        betas: Adam's :math:`(\beta_1, \beta_2)`, per group.
+        eps: added inside the square root of H, per group.
+        rho: normal-component scale (1.0 is the published method) or ``"full"`` (the default). Shared.
+        rcond: relative singular-value cutoff defining the numerical rank of :math:`\hat J`. Shared.
+        max_normal_step: the normal-step safeguard (a cap relative to ||x||, or ``None``). Shared.
+        precision: ``"native"`` or ``"float64"`` (the reference). Shared.
     """
 
     def __init__(
         self,
         params: ParamsT,
-        lr: float,
+        lr: float = DEFAULT_LR,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-7,
-        rho: Rho = 1.0,
+        rho: Rho = DEFAULT_RHO,
         rcond: float = DEFAULT_RCOND,
-        max_normal_step: float | None = None,
+        max_normal_step: MaxNormalStep = DEFAULT_MAX_NORMAL_STEP,
+        precision: Precision = "native",
     ) -> None:
-        check_betas(betas)
-        check_positive("eps", eps)
-        self.betas = (float(betas[0]), float(betas[1]))
-        self.eps = float(eps)
-        super().__init__(params, {"lr": lr}, rho=rho, rcond=rcond, max_normal_step=max_normal_step)
+        super().__init__(
+            params,
+            {"lr": lr, "betas": tuple(betas), "eps": eps, "rho": rho, "rcond": rcond,
+             "max_normal_step": max_normal_step, "precision": precision},
+        )
 
-    def _init_state(self, n: int, device: torch.device) -> dict[str, Any]:
-        zeros = torch.zeros(n, dtype=torch.float64, device=device)
+    def _check_group(self, group: dict[str, Any]) -> None:
+        super()._check_group(group)
+        check_betas(group["betas"])
+        check_positive("eps", group["eps"])
+
+    def _init_state(self, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+        zeros = torch.zeros(n, dtype=dtype, device=device)
         return {"step": 0, "exp_avg": zeros, "exp_avg_sq": zeros.clone()}
 
     def _directions(
-        self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Any]
+        self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Tensor] | None
     ) -> tuple[Tensor, Tensor, NullSpace]:
-        beta1, beta2 = self.betas
         k = state["step"]
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        m.mul_(beta1).add_(g, alpha=1.0 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
-        m_hat = m / (1.0 - beta1**k)
-        inv_sqrt_h = (v / (1.0 - beta2**k) + self.eps).sqrt_().rsqrt_()  # H^{-1/2}
+        m_hat, inv_sqrt_h = torch.empty_like(m), torch.empty_like(v)
+        for group, block in self._group_blocks():
+            beta1, beta2 = (float(b) for b in group["betas"])
+            m[block].mul_(beta1).add_(g[block], alpha=1.0 - beta1)
+            v[block].mul_(beta2).addcmul_(g[block], g[block], value=1.0 - beta2)
+            torch.div(m[block], 1.0 - beta1**k, out=m_hat[block])
+            torch.div(v[block], 1.0 - beta2**k, out=inv_sqrt_h[block]).add_(float(group["eps"])).sqrt_().rsqrt_()  # H^{-1/2}
         plain = self._factorize(jacobian)  # J itself: diagnostics, re-projection with mixed group lrs
-        scaled = NullSpace.from_jacobian(plain.jacobian * inv_sqrt_h, self.rcond)
+        scaled = NullSpace.from_jacobian(plain.jacobian * inv_sqrt_h, self.param_groups[0]["rcond"])
         pinv_c, projected, Jq = scaled.normal_and_projection(c, inv_sqrt_h * m_hat)
-        diagnostics["multiplier"] = scaled.solve_gram(c - Jq)  # y of the KKT system
+        if diagnostics is not None:
+            diagnostics["multiplier_norm"] = scaled.solve_gram(c - Jq).norm()  # y of the KKT system
         normal = -inv_sqrt_h * pinv_c
         tangential = -inv_sqrt_h * projected
         return normal, tangential, plain

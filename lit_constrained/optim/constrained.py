@@ -1,6 +1,6 @@
 r"""The base class of the hard-constrained optimizers: one step from (g, c, J) to x_{k+1}.
 
-A subclass computes, from the flat float64 gradient g, the constraints c and a factorization of J,
+A subclass computes, from the flat gradient g, the constraints c and a factorization of J,
 
 * the unit normal component :math:`\hat v` with :math:`J \hat v = -c` (minimum norm), and
 * the tangential component t with :math:`J t = 0` (momentum, scaling, ...),
@@ -10,18 +10,23 @@ and this class composes the step
 .. math::
     x_{k+1} = x_k + \alpha_k \rho \hat v + \alpha_k t
 
-(:math:`v = \rho \hat v` is the paper's normal step, :math:`d = v + t`). With ``rho="full"`` the normal
-part is :math:`\hat v` itself (:math:`\rho_k = 1/\alpha_k` at every step, so it follows LR schedulers):
-the linearized constraint :math:`c + J \Delta x` is restored in one step instead of shrinking by
-:math:`(1 - \alpha \rho)`. Far from feasibility the linearization can be poor and a full normal step
-large: ``max_normal_step`` caps :math:`\|\Delta x_{normal}\| \le \text{max\_normal\_step}\,\|x\|` (off by
-default; use it when the first steps blow up, e.g. a network initialized far from satisfying c = 0).
+(:math:`v = \rho \hat v` is the paper's normal step, :math:`d = v + t`). With ``rho="full"`` (the
+default) the normal part is :math:`\hat v` itself (:math:`\rho_k = 1/\alpha_k` at every step, so it
+follows LR schedulers): the linearized constraint :math:`c + J \Delta x` is restored in one step instead
+of shrinking by :math:`(1 - \alpha \rho)` per step. A numeric ``rho`` is the papers' method.
 
-Several parameter groups: group i's block of the step is scaled by its own lr. When the groups' lrs
-differ, the tangential part :math:`\mathrm{diag}(\alpha) t` is projected again on the null space of J, so
-it still leaves the linearized constraints unchanged; the normal part is scaled per block as well
+Hyperparameters follow torch.optim's conventions: every one is in ``defaults`` and hence in each param
+group (``repr``, ``state_dict``/``load_state_dict`` and schedulers see them). ``rho``, ``rcond``,
+``max_normal_step`` and ``precision`` define the one projection shared by all groups and must be equal in
+all groups; the others (``lr``, momenta, ``eps``, ``h``) are honoured per group. When the groups' lrs
+differ, the tangential part :math:`\mathrm{diag}(\alpha) t` is projected again on the null space of J,
+so it still leaves the linearized constraints unchanged; the normal part is scaled per block as well
 (``rho`` numeric) or not at all (``rho="full"``), so :math:`J \Delta x = -\alpha\rho c` holds exactly
 only when all groups share one lr or with ``rho="full"``.
+
+Step diagnostics (rank, norms, violation, ...) are computed only when asked,
+``step(..., diagnostics=True)``, into the plain attribute ``optimizer.diagnostics`` (0-dim tensors: no
+host sync to produce them); ``optimizer.state`` holds only what resuming needs.
 """
 
 from __future__ import annotations
@@ -39,51 +44,108 @@ from .flat import add_flat_, block_sizes, gather, group_params
 from .nullspace import DEFAULT_RCOND, NullSpace
 
 Rho = Union[float, Literal["full"]]
+MaxNormalStep = Union[float, None]
+Precision = Literal["native", "float64"]
 ParamsT = Union[Iterable[Tensor], Iterable[dict[str, Any]]]
 
+DEFAULT_LR = 1e-3
+DEFAULT_RHO: Rho = "full"
+DEFAULT_MAX_NORMAL_STEP: MaxNormalStep = None
+"""The default of ``max_normal_step`` (see :class:`ConstrainedOptimizer`)."""
+
 STATE_KEY = "flat"
-DIAGNOSTICS_KEY = "diagnostics"
 _TINY = 1e-30
+PRECISIONS = ("native", "float64")
 
 
 def check_rho(rho: Rho) -> None:
     if rho == "full":
         return
-    if isinstance(rho, str) or not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
+    if isinstance(rho, (str, bool)) or not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
         raise ValueError(f"Invalid rho={rho!r}: a number > 0, or 'full' for rho_k = 1 / lr_k.")
 
 
+def check_max_normal_step(value: MaxNormalStep) -> None:
+    if value is None:
+        return
+    if isinstance(value, (str, bool)) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"Invalid max_normal_step={value!r}: a number > 0 (a fixed cap relative to ||x||) or None (no cap)."
+        )
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"Invalid precision={precision!r}: 'native' (the parameters' dtype, float64 only for the m x m "
+            "algebra) or 'float64' (everything in float64, the reference path)."
+        )
+
+
 class ConstrainedOptimizer(Optimizer, ABC):
-    """Shared machinery: input checks, the flat layout, rho / "full", diagnostics, state."""
+    """Shared machinery: hyperparameters, input checks, the flat layout, rho / "full", diagnostics, state."""
 
     requires = frozenset({"constraints", "jacobian"})
+    shared_keys: tuple[str, ...] = ("rho", "rcond", "max_normal_step", "precision")
+    """Hyperparameters of the one projection: equal in all param groups."""
 
-    def __init__(
-        self,
-        params: ParamsT,
-        defaults: dict[str, Any],
-        rho: Rho = 1.0,
-        rcond: float = DEFAULT_RCOND,
-        max_normal_step: float | None = None,
-    ) -> None:
-        check_lr(defaults.get("lr"))
-        check_rho(rho)
-        check_positive("rcond", rcond)
-        if max_normal_step is not None:
-            check_positive("max_normal_step", max_normal_step)
-        self.rho = rho
-        self.rcond = rcond
-        self.max_normal_step = max_normal_step
+    def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
+        defaults = {
+            "lr": DEFAULT_LR,
+            "rho": DEFAULT_RHO,
+            "rcond": DEFAULT_RCOND,
+            "max_normal_step": DEFAULT_MAX_NORMAL_STEP,
+            "precision": "native",
+            **defaults,
+        }
+        self._check_group(defaults)
         super().__init__(params, defaults)
+        self.diagnostics: dict[str, Tensor] = {}
+        self._check_groups()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.__dict__.setdefault("diagnostics", {})
+
+    # ------------------------------------------------------------------ hyperparameters
+    def _check_group(self, group: dict[str, Any]) -> None:
+        """Validate one group's hyperparameters (subclasses extend it with their own)."""
+        check_lr(group["lr"])
+        check_rho(group["rho"])
+        check_positive("rcond", group["rcond"])
+        check_max_normal_step(group["max_normal_step"])
+        check_precision(group["precision"])
+
+    def _check_groups(self) -> None:
+        first = self.param_groups[0]
+        for i, group in enumerate(self.param_groups):
+            self._check_group(group)
+            for key in self.shared_keys:
+                if group[key] != first[key]:
+                    raise ValueError(
+                        f"{type(self).__name__}: param group {i} has {key}={group[key]!r} but group 0 has "
+                        f"{first[key]!r}. It defines the one projection shared by all groups (the constraints "
+                        "couple them): set it once, in the optimizer's arguments, not per group."
+                    )
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        if hasattr(self, "diagnostics"):  # after __init__: validate the new group at once
+            self._check_groups()
+
+    @property
+    def rho(self) -> Rho:
+        """The normal-step scale shared by all groups (``param_groups[i]["rho"]``)."""
+        return self.param_groups[0]["rho"]
 
     # ------------------------------------------------------------------ subclass hook
     @abstractmethod
     def _directions(
-        self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Any]
+        self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Tensor] | None
     ) -> tuple[Tensor, Tensor, NullSpace]:
         """Return (v_hat, t, nullspace of J): J v_hat = -c (min norm), J t = 0."""
 
-    def _init_state(self, n: int, device: torch.device) -> dict[str, Any]:
+    def _init_state(self, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         return {"step": 0}
 
     def _factorize(self, jacobian: Tensor) -> NullSpace:
@@ -92,7 +154,16 @@ class ConstrainedOptimizer(Optimizer, ABC):
         if jacobian.dtype != torch.float64 and (workspace is None or workspace.shape != jacobian.shape):
             workspace = torch.empty(jacobian.shape, dtype=torch.float64, device=jacobian.device)
             self._jacobian_workspace = workspace
-        return NullSpace.from_jacobian(jacobian, self.rcond, workspace=workspace)
+        return NullSpace.from_jacobian(jacobian, self.param_groups[0]["rcond"], workspace=workspace)
+
+    def _group_blocks(self) -> list[tuple[dict[str, Any], slice]]:
+        """Each param group with its slice of the flat vector."""
+        blocks, offset = [], 0
+        for group in self.param_groups:
+            size = sum(block_sizes(group["params"]))
+            blocks.append((group, slice(offset, offset + size)))
+            offset += size
+        return blocks
 
     # ------------------------------------------------------------------ the step
     @torch.no_grad()
@@ -102,15 +173,25 @@ class ConstrainedOptimizer(Optimizer, ABC):
         *,
         constraints: Tensor | None = None,
         jacobian: Tensor | None = None,
+        diagnostics: bool = False,
     ) -> Any:
-        """One step; g is read from ``p.grad``, c and J are given (J in the flat layout)."""
+        """One step; g is read from ``p.grad``, c and J are given (J in the flat layout).
+
+        Args:
+            closure: optional, re-evaluates the model and returns the loss (called under grad mode).
+            constraints: c, shape (m,); ``None`` for m = 0.
+            jacobian: J, shape (m, n), columns in ``param_groups`` order (complex parameters as
+                ``view_as_real``).
+            diagnostics: fill ``self.diagnostics`` with this step's diagnostics (0-dim tensors); when
+                False it is left empty (a stale value is never read as current).
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_groups()
+        self.diagnostics = {}
         params = group_params(self.param_groups)
-        for group in self.param_groups:
-            check_lr(group["lr"])
         n = sum(block_sizes(params))
         device = params[0].device if params else torch.device("cpu")
         g = gather([p.grad for p in params], params, torch.float64)
@@ -119,7 +200,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
 
         state = self.state[STATE_KEY]
         if not state:
-            state.update(self._init_state(n, device))
+            state.update(self._init_state(n, device, torch.float64))
         elif state.get("n", n) != n:
             raise ValueError(
                 f"The number of parameters changed from {state['n']} to {n} since the first step; "
@@ -127,39 +208,47 @@ class ConstrainedOptimizer(Optimizer, ABC):
             )
         state["n"] = n
         state["step"] += 1
-        diagnostics: dict[str, Any] = {}
-        v_hat, t, nullspace = self._directions(g, c, J, state, diagnostics)
+        record: dict[str, Tensor] | None = {} if diagnostics else None
+        v_hat, t, nullspace = self._directions(g, c, J, state, record)
 
+        first = self.param_groups[0]
+        rho, max_normal_step = first["rho"], first["max_normal_step"]
         lr_blocks = [float(group["lr"]) for group in self.param_groups for _ in group["params"]]
         uniform = len(set(lr_blocks)) <= 1
         lr = lr_blocks[0] if lr_blocks else 0.0
         if uniform:
             tangential = lr * t
-            normal_scale: float | Tensor = 1.0 if self.rho == "full" else lr * float(self.rho)
+            normal_scale: float | Tensor = 1.0 if rho == "full" else lr * float(rho)
         else:
             lr_vec = torch.cat(
                 [torch.full((size,), rate, dtype=torch.float64, device=device)
                  for size, rate in zip(block_sizes(params), lr_blocks)]
             )
             tangential = nullspace.project(lr_vec * t)
-            normal_scale = 1.0 if self.rho == "full" else lr_vec * float(self.rho)
+            normal_scale = 1.0 if rho == "full" else lr_vec * float(rho)
         normal = normal_scale * v_hat
         # the linearized reduction the step intends: J delta = -scale * c (None: mixed lrs, numeric rho)
         scale: float | None = normal_scale if isinstance(normal_scale, float) else None
-        if self.max_normal_step is not None and c.numel():
+        capped = None
+        if isinstance(max_normal_step, float) and c.numel():
             x_norm = float(gather([p.detach() for p in params], params, torch.float64).norm())
             normal_norm = float(normal.norm())
-            limit = self.max_normal_step * x_norm
+            limit = max_normal_step * x_norm
             capped = normal_norm > limit
             if capped:
                 normal = normal * (limit / normal_norm)
                 scale = None if scale is None else scale * limit / normal_norm
-            diagnostics["normal_step_capped"] = float(capped)
         delta = normal + tangential
         check_finite("The step", delta)
         add_flat_(params, delta)
 
-        self._record(state, diagnostics, c, delta, normal, tangential, nullspace, lr, scale)
+        if "initial_violation" not in state:
+            state["initial_violation"] = c.abs().max() if c.numel() else c.new_zeros(())
+        if record is not None:
+            if capped is not None:
+                record["normal_step_capped"] = torch.tensor(float(capped), dtype=torch.float64)
+            self._record(state, record, c, delta, normal, tangential, nullspace, lr, scale)
+            self.diagnostics = record
         return loss
 
     # ------------------------------------------------------------------ helpers
@@ -193,7 +282,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
     def _record(
         self,
         state: dict[str, Any],
-        diagnostics: dict[str, Any],
+        diagnostics: dict[str, Tensor],
         c: Tensor,
         delta: Tensor,
         normal: Tensor,
@@ -202,14 +291,14 @@ class ConstrainedOptimizer(Optimizer, ABC):
         lr: float,
         scale: float | None,
     ) -> None:
+        as_tensor = lambda value: torch.as_tensor(value, dtype=torch.float64, device=c.device)  # noqa: E731
         violation = c.abs().max() if c.numel() else c.new_zeros(())
-        if "initial_violation" not in state:
-            state["initial_violation"] = violation.clone()
-        rho_eff = (1.0 / lr if lr > 0 else math.inf) if self.rho == "full" else float(self.rho)
+        rho = self.param_groups[0]["rho"]
+        rho_eff = (1.0 / lr if lr > 0 else math.inf) if rho == "full" else float(rho)
         diagnostics.update(
-            rank=nullspace.rank,
-            smallest_singular_value=nullspace.smallest_singular_value,
-            rho=rho_eff,
+            rank=as_tensor(nullspace.rank),
+            smallest_singular_value=as_tensor(nullspace.smallest_singular_value),
+            rho=as_tensor(rho_eff),
             step_norm=delta.norm(),
             normal_step_norm=normal.norm(),
             tangential_step_norm=tangential.norm(),
@@ -218,12 +307,10 @@ class ConstrainedOptimizer(Optimizer, ABC):
         )
         if lr > 0:
             diagnostics["direction_norm"] = delta.norm() / lr
-        if c.numel():
+        if c.numel() and scale is not None and scale > 0:
+            # ||J d + rho c|| / (rho ||c||) with d = delta / lr: the relative error of the intended
+            # linearized reduction J delta = -lr rho c (~1e-10 or less when healthy).
             J64 = nullspace.jacobian
-            if scale is not None and scale > 0:
-                # ||J d + rho c|| / (rho ||c||) with d = delta / lr: the relative error of the intended
-                # linearized reduction J delta = -lr rho c (~1e-10 or less when healthy).
-                diagnostics["linearized_feasibility_error"] = (J64 @ delta + scale * c).norm() / max(
-                    scale * float(c.norm()), _TINY
-                )
-        self.state[DIAGNOSTICS_KEY] = diagnostics
+            diagnostics["linearized_feasibility_error"] = (J64 @ delta + scale * c).norm() / (
+                scale * c.norm()
+            ).clamp_min(_TINY)

@@ -9,7 +9,16 @@ import torch
 from torch import Tensor
 
 from .checks import check_beta, check_betas, check_positive
-from .constrained import ConstrainedOptimizer, ParamsT, Rho
+from .constrained import (
+    DEFAULT_LR,
+    DEFAULT_MAX_NORMAL_STEP,
+    DEFAULT_RHO,
+    ConstrainedOptimizer,
+    MaxNormalStep,
+    ParamsT,
+    Precision,
+    Rho,
+)
 from .nullspace import DEFAULT_RCOND, NullSpace
 
 
@@ -30,51 +39,70 @@ class SQPHeavyBall(ConstrainedOptimizer):
     :math:`[[I, J^T], [J, 0]] [d; y] = -[g; c]`. The linear algebra is done in float64 with a
     rank-revealing factorization (:class:`~lit_constrained.optim.nullspace.NullSpace`): for a
     rank-deficient J, P projects on the numerical null space and v is the minimum-norm
-    least-squares normal step; the rank is recorded in ``state["diagnostics"]["rank"]``.
+    least-squares normal step; the rank is reported in ``optimizer.diagnostics["rank"]``.
 
     Args:
         params: parameters or parameter groups (complex parameters enter as ``view_as_real``).
         lr: the step size :math:`\alpha` (read from ``param_groups`` each step: schedulers work).
-        beta: momentum parameter in [0, 1).
-        rho: normal-step scale :math:`\rho > 0`, or ``"full"`` for :math:`\rho_k = 1/\alpha_k`: the
-            linearized constraints are then restored in one step (see
-            :class:`~lit_constrained.optim.constrained.ConstrainedOptimizer` for the trade-off).
-        h: tangential scale h > 0.
-        rcond: relative singular-value cutoff defining the numerical rank of J.
-        max_normal_step: optional cap on the normal step, relative to ||x|| (off by default).
+        momentum: :math:`\beta \in [0, 1)`, per group (the key torch's schedulers cycle, e.g.
+            ``OneCycleLR``); ``beta=`` is accepted as its other name (the paper's).
+        rho: normal-step scale :math:`\rho > 0`, or ``"full"`` (the default) for :math:`\rho_k = 1/\alpha_k`:
+            the linearized constraints are then restored in one step (see
+            :class:`~lit_constrained.optim.constrained.ConstrainedOptimizer`). Shared by all groups.
+        h: tangential scale h > 0, per group.
+        rcond: relative singular-value cutoff defining the numerical rank of J. Shared.
+        max_normal_step: the safeguard on the normal step: a fixed cap relative to ||x||, or ``None``
+            (see :class:`~lit_constrained.optim.constrained.ConstrainedOptimizer`). Shared.
+        precision: ``"native"`` (n-vectors in the parameters' dtype) or ``"float64"`` (the reference). Shared.
 
-    ``step(closure=None, *, constraints, jacobian)``: g is read from ``p.grad``; ``constraints`` is c
-    (shape (m,)), ``jacobian`` is J (shape (m, n), flat layout); m = 0 gives heavy-ball SGD.
+    ``step(closure=None, *, constraints, jacobian, diagnostics=False)``: g is read from ``p.grad``;
+    ``constraints`` is c (shape (m,)), ``jacobian`` is J (shape (m, n), flat layout); m = 0 gives heavy-ball
+    SGD (torch's ``SGD(momentum=beta)`` with ``h = 1``).
     """
 
     def __init__(
         self,
         params: ParamsT,
-        lr: float,
-        beta: float = 0.9,
-        rho: Rho = 1.0,
+        lr: float = DEFAULT_LR,
+        momentum: float = 0.9,
+        rho: Rho = DEFAULT_RHO,
         h: float = 1.0,
         rcond: float = DEFAULT_RCOND,
-        max_normal_step: float | None = None,
+        max_normal_step: MaxNormalStep = DEFAULT_MAX_NORMAL_STEP,
+        precision: Precision = "native",
+        *,
+        beta: float | None = None,
     ) -> None:
-        check_beta("beta", beta)
-        check_positive("h", h)
-        self.beta = float(beta)
-        self.h = float(h)
-        super().__init__(params, {"lr": lr}, rho=rho, rcond=rcond, max_normal_step=max_normal_step)
+        if beta is not None:
+            momentum = beta
+        super().__init__(
+            params,
+            {"lr": lr, "momentum": momentum, "rho": rho, "h": h, "rcond": rcond,
+             "max_normal_step": max_normal_step, "precision": precision},
+        )
 
-    def _init_state(self, n: int, device: torch.device) -> dict[str, Any]:
-        return {"step": 0, "momentum": torch.zeros(n, dtype=torch.float64, device=device)}
+    def _check_group(self, group: dict[str, Any]) -> None:
+        super()._check_group(group)
+        check_beta("momentum", group["momentum"])
+        check_positive("h", group["h"])
+
+    def _init_state(self, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+        return {"step": 0, "momentum": torch.zeros(n, dtype=dtype, device=device)}
 
     def _directions(
-        self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Any]
+        self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Tensor] | None
     ) -> tuple[Tensor, Tensor, NullSpace]:
         nullspace = self._factorize(jacobian)
         pinv_c, projected_g, Jg = nullspace.normal_and_projection(c, g)
-        diagnostics["multiplier"] = nullspace.solve_gram(c - Jg)  # KKT multiplier of beta = 0
+        if diagnostics is not None:
+            diagnostics["multiplier_norm"] = nullspace.solve_gram(c - Jg).norm()  # KKT multiplier of beta = 0
         r = state["momentum"]
-        r.mul_(self.beta).add_(projected_g, alpha=-1.0 / self.h)
-        tangential = nullspace.project(r) if self.beta > 0 else r.clone()
+        any_momentum = False
+        for group, block in self._group_blocks():
+            beta = float(group["momentum"])
+            any_momentum |= beta > 0
+            r[block].mul_(beta).add_(projected_g[block], alpha=-1.0 / float(group["h"]))
+        tangential = nullspace.project(r) if any_momentum else r.clone()
         return -pinv_c, tangential, nullspace
 
 
@@ -100,50 +128,58 @@ class SQPAdam(ConstrainedOptimizer):
     Args:
         params: parameters or parameter groups.
         lr: the step size :math:`\alpha`.
-        betas: :math:`(\beta_1, \beta_2)` in [0, 1).
-        eps: :math:`\epsilon`, added inside the square root.
-        rho: normal-step scale, or ``"full"`` for :math:`\rho_k = 1/\alpha_k`.
-        h: tangential scale.
-        rcond: relative singular-value cutoff defining the numerical rank of J.
-        max_normal_step: optional cap on the normal step, relative to ||x|| (off by default).
+        betas: :math:`(\beta_1, \beta_2)` in [0, 1), per group.
+        eps: :math:`\epsilon`, added inside the square root, per group.
+        rho: normal-step scale, or ``"full"`` (the default) for :math:`\rho_k = 1/\alpha_k`. Shared.
+        h: tangential scale, per group.
+        rcond: relative singular-value cutoff defining the numerical rank of J. Shared.
+        max_normal_step: the normal-step safeguard (a cap relative to ||x||, or ``None``). Shared.
+        precision: ``"native"`` or ``"float64"`` (the reference). Shared.
     """
 
     def __init__(
         self,
         params: ParamsT,
-        lr: float,
+        lr: float = DEFAULT_LR,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-7,
-        rho: Rho = 1.0,
+        rho: Rho = DEFAULT_RHO,
         h: float = 1.0,
         rcond: float = DEFAULT_RCOND,
-        max_normal_step: float | None = None,
+        max_normal_step: MaxNormalStep = DEFAULT_MAX_NORMAL_STEP,
+        precision: Precision = "native",
     ) -> None:
-        check_betas(betas)
-        check_positive("eps", eps)
-        check_positive("h", h)
-        self.betas = (float(betas[0]), float(betas[1]))
-        self.eps = float(eps)
-        self.h = float(h)
-        super().__init__(params, {"lr": lr}, rho=rho, rcond=rcond, max_normal_step=max_normal_step)
+        super().__init__(
+            params,
+            {"lr": lr, "betas": tuple(betas), "eps": eps, "rho": rho, "h": h, "rcond": rcond,
+             "max_normal_step": max_normal_step, "precision": precision},
+        )
 
-    def _init_state(self, n: int, device: torch.device) -> dict[str, Any]:
-        zeros = torch.zeros(n, dtype=torch.float64, device=device)
+    def _check_group(self, group: dict[str, Any]) -> None:
+        super()._check_group(group)
+        check_betas(group["betas"])
+        check_positive("eps", group["eps"])
+        check_positive("h", group["h"])
+
+    def _init_state(self, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+        zeros = torch.zeros(n, dtype=dtype, device=device)
         return {"step": 0, "momentum": zeros, "second_moment": zeros.clone()}
 
     def _directions(
-        self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Any]
+        self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Tensor] | None
     ) -> tuple[Tensor, Tensor, NullSpace]:
-        beta1, beta2 = self.betas
         k = state["step"]
         nullspace = self._factorize(jacobian)
         pinv_c, projected_g, Jg = nullspace.normal_and_projection(c, g)
-        diagnostics["multiplier"] = nullspace.solve_gram(c - Jg)  # KKT multiplier of beta = 0
-        u = projected_g.mul_(-1.0 / self.h)
+        if diagnostics is not None:
+            diagnostics["multiplier_norm"] = nullspace.solve_gram(c - Jg).norm()  # KKT multiplier of beta = 0
         r, s = state["momentum"], state["second_moment"]
-        r.mul_(beta1).add_(u)
-        s.mul_(beta2).addcmul_(u, u)
-        eta = (1.0 - beta1) * math.sqrt(1.0 - beta2**k) / math.sqrt(1.0 - beta2)
-        scaled = r / (s + self.eps).sqrt_()
-        diagnostics["eta"] = eta
-        return -pinv_c, nullspace.project(scaled).mul_(eta), nullspace
+        scaled = torch.empty_like(r)
+        for group, block in self._group_blocks():
+            beta1, beta2 = (float(b) for b in group["betas"])
+            u = projected_g[block].mul_(-1.0 / float(group["h"]))
+            r[block].mul_(beta1).add_(u)
+            s[block].mul_(beta2).addcmul_(u, u)
+            eta = (1.0 - beta1) * math.sqrt(1.0 - beta2**k) / math.sqrt(1.0 - beta2)
+            torch.div(r[block], (s[block] + float(group["eps"])).sqrt_(), out=scaled[block]).mul_(eta)
+        return -pinv_c, nullspace.project(scaled), nullspace

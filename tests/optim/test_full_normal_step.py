@@ -17,7 +17,7 @@ def step_once(opt, x, problem):
     J = constraint_jacobian(c, [x])
     problem.objective(x).backward()
     before = x.detach().clone()
-    opt.step(constraints=c.detach(), jacobian=J)
+    opt.step(constraints=c.detach(), jacobian=J, diagnostics=True)
     return x.detach() - before, c.detach()
 
 
@@ -68,7 +68,7 @@ def test_rho_follows_the_scheduler(opt_cls):
     for _ in range(6):
         lr = opt.param_groups[0]["lr"]
         step_once(opt, x, HS6)
-        assert opt.state["diagnostics"]["rho"] == pytest.approx(1.0 / lr, rel=1e-12)
+        assert opt.diagnostics["rho"] == pytest.approx(1.0 / lr, rel=1e-12)
         schedule.step()
 
 
@@ -77,7 +77,7 @@ def test_normal_step_cap():
     opt = SQPHeavyBall([x], lr=0.1, beta=0.0, rho="full", max_normal_step=0.01)
     J = torch.tensor([[1.0, 0.0]], dtype=F64)
     x.grad = torch.zeros(2, dtype=F64)
-    opt.step(constraints=torch.tensor([5.0], dtype=F64), jacobian=J)
+    opt.step(constraints=torch.tensor([5.0], dtype=F64), jacobian=J, diagnostics=True)
     # uncapped the normal step would be -5 along x1; capped to 0.01 * ||x|| = 0.01
     torch.testing.assert_close(x.detach(), torch.tensor([-0.01, 1.0], dtype=F64))
-    assert opt.state["diagnostics"]["normal_step_capped"] == 1.0
+    assert opt.diagnostics["normal_step_capped"] == 1.0

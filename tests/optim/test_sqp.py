@@ -26,7 +26,7 @@ def one_step(opt_cls, J, c, g, **kwargs):
     x = torch.nn.Parameter(torch.zeros(J.shape[1], dtype=F64))
     opt = opt_cls([x], **kwargs)
     x.grad = g.clone()
-    opt.step(constraints=c, jacobian=J)
+    opt.step(constraints=c, jacobian=J, diagnostics=True)
     return x.detach().clone(), opt
 
 
@@ -96,10 +96,10 @@ def test_linearized_constraint_reduction(opt_cls):
         J, c, g = random_instance(seed=20 + k)
         before = x.detach().clone()
         x.grad = g
-        opt.step(constraints=c, jacobian=J)
+        opt.step(constraints=c, jacobian=J, diagnostics=True)
         d = (x.detach() - before) / 0.2
         torch.testing.assert_close(J @ d, -rho * c, rtol=1e-10, atol=1e-12)
-        assert opt.state["diagnostics"]["linearized_feasibility_error"] < 1e-10
+        assert opt.diagnostics["linearized_feasibility_error"] < 1e-10
 
 
 def test_sqp_adam_warm_up_for_constant_projected_gradient():
@@ -121,7 +121,7 @@ def test_sqp_adam_warm_up_for_constant_projected_gradient():
 def test_adam_con_is_the_kkt_system_with_adam_scaling():
     (b1, b2), eps, lr = (0.9, 0.999), 1e-7, 0.1
     x = torch.nn.Parameter(torch.zeros(8, dtype=F64))
-    opt = AdamCon([x], lr=lr, betas=(b1, b2), eps=eps)
+    opt = AdamCon([x], lr=lr, betas=(b1, b2), eps=eps, rho=1.0)
     m = torch.zeros(8, dtype=F64)
     v = torch.zeros(8, dtype=F64)
     expected = torch.zeros(8, dtype=F64)
@@ -165,10 +165,10 @@ def test_rank_deficient_jacobian_duplicate_row(opt_cls):
     J, c, g = random_instance(m=3, n=8, seed=5)
     J = torch.cat([J, J[:1]])
     c = torch.cat([c, c[:1]])
-    x, opt = one_step(opt_cls, J, c, g, lr=0.5)
+    x, opt = one_step(opt_cls, J, c, g, lr=0.5, rho=1.0)
     assert torch.isfinite(x).all()
     torch.testing.assert_close(J @ x, -0.5 * c, rtol=1e-9, atol=1e-10)
-    assert opt.state["diagnostics"]["rank"] == 3
+    assert opt.diagnostics["rank"] == 3
 
 
 def test_zero_jacobian_rows_and_zero_jacobian():
@@ -176,10 +176,10 @@ def test_zero_jacobian_rows_and_zero_jacobian():
     J[1] = 0.0
     c[1] = 0.0  # an insensitive residual that is satisfied
     x, opt = one_step(SQPHeavyBall, J, c, g, lr=1.0, beta=0.0)
-    assert opt.state["diagnostics"]["rank"] == 1
+    assert opt.diagnostics["rank"] == 1
     torch.testing.assert_close(J @ x, -c, rtol=1e-10, atol=1e-12)
     x, opt = one_step(SQPHeavyBall, torch.zeros(2, 5, dtype=F64), c, g, lr=1.0, beta=0.0)
-    assert opt.state["diagnostics"]["rank"] == 0
+    assert opt.diagnostics["rank"] == 0
     torch.testing.assert_close(x, -g)
 
 
@@ -203,7 +203,7 @@ def test_float32_groups_missing_grad_and_complex():
     w = torch.nn.Parameter(torch.randn(3, 2))
     z = torch.nn.Parameter(torch.randn(2, dtype=torch.complex64))
     unused = torch.nn.Parameter(torch.randn(2))
-    opt = SQPHeavyBall([{"params": [w, unused]}, {"params": [z], "lr": 0.1}], lr=0.1, beta=0.0)
+    opt = SQPHeavyBall([{"params": [w, unused]}, {"params": [z], "lr": 0.1}], lr=0.1, momentum=0.0, rho=1.0)
 
     def constraints():
         return torch.stack([w.sum() + z.real.sum() - 1.0, (w[0] * z.imag[0]).sum()])
