@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import lightning.pytorch as pl
 import torch
@@ -13,15 +15,20 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 from torch.optim import Optimizer
 
-from .optim import SQPAdam
+from .class_spec import TRUSTED_MODULES, SpecFactory, as_class_spec, check_trusted
 from .optim.jacobian import JacobianMethod, constraint_jacobian
 from .metrics.functional import violation_l1, violation_max, violation_mean
 from .stepping import NonFinitePolicy, StepResult, TrainingStepper, check_constraints, check_objective
 
 
+DEFAULT_OPTIMIZER: dict[str, Any] = {"class_path": "lit_constrained.optim.SQPAdam", "init_args": {"lr": 1e-3}}
+"""The optimizer when none is given: SQP-Adam at lr = 1e-3 with the class's other defaults (the full
+normal step, ``rho="full"``, with the class's default safeguard)."""
+
+
 def default_optimizer(params: Iterable) -> Optimizer:
-    """SQP-Adam with lr = 1e-3 (the default when a config names no optimizer)."""
-    return SQPAdam(params, lr=1e-3)
+    """The default optimizer (:data:`DEFAULT_OPTIMIZER`) over ``params``."""
+    return SpecFactory(DEFAULT_OPTIMIZER)(params)
 
 
 def _clone_tensors(batch: Any) -> Any:
@@ -61,9 +68,14 @@ class ConstrainedModule(pl.LightningModule, ABC):
     ``load_from_checkpoint`` rebuilds the task and its optimizer.
 
     Args:
-        optimizer: a callable ``params -> Optimizer`` (``OptimizerCallable``; from a config:
-            ``class_path: lit_constrained.optim.SQPAdam`` with ``init_args: {lr: ...}``).
-        lr_scheduler: optional ``optimizer -> scheduler`` callable, stepped after every optimizer step.
+        optimizer: the optimizer class and its arguments: a class (``torch.optim.Adam``),
+            ``functools.partial(SQPAdam, lr=1e-2)``, a dict ``{"class_path": ..., "init_args": {...}}``,
+            or in a config ``class_path: lit_constrained.optim.SQPAdam`` with ``init_args: {lr: ...}``.
+            Default: :data:`DEFAULT_OPTIMIZER` (SQP-Adam, lr = 1e-3, the full normal step). It is
+            stored in the hyper-parameters as that plain dict, so ``load_from_checkpoint`` rebuilds it
+            from a ``weights_only=True`` load; a lambda or closure is rejected here (it is code, not data).
+        lr_scheduler: optional scheduler class and arguments, in the same forms (it receives the
+            optimizer), stepped after every optimizer step.
         penalty_weight: soft-constraint option: adds ``penalty_weight * mean(c^2)`` to the objective
             (the penalty baseline, off by default).
         on_nonfinite: ``"raise"`` (stop with an error naming the step; no NaN reaches the weights or a
@@ -76,7 +88,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
 
     def __init__(
         self,
-        optimizer: OptimizerCallable = default_optimizer,
+        optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,  # type: ignore[assignment]  (a plain spec)
         lr_scheduler: LRSchedulerCallable | None = None,
         penalty_weight: float = 0.0,
         on_nonfinite: NonFinitePolicy = "raise",
@@ -86,9 +98,18 @@ class ConstrainedModule(pl.LightningModule, ABC):
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
+        optimizer_spec = as_class_spec(optimizer, "optimizer")
+        if optimizer_spec is None:
+            raise TypeError("optimizer=None: pass an optimizer class (or leave the default SQP-Adam).")
+        lr_scheduler_spec = as_class_spec(lr_scheduler, "lr_scheduler")
+        self.optimizer_factory = optimizer if callable(optimizer) else SpecFactory(optimizer_spec)
+        self.lr_scheduler_factory = (
+            None if lr_scheduler is None else lr_scheduler if callable(lr_scheduler) else SpecFactory(lr_scheduler_spec)
+        )
         self.save_hyperparameters()
-        self.optimizer_factory = optimizer
-        self.lr_scheduler_factory = lr_scheduler
+        # the hyper-parameters (checkpoint, logger) hold the plain specs, never the callables
+        for hparams in (self._hparams, self._hparams_initial):
+            hparams["optimizer"], hparams["lr_scheduler"] = optimizer_spec, lr_scheduler_spec
         self.jacobian_method = jacobian_method
         self.num_threads = num_threads
         self.stepper = TrainingStepper(penalty_weight, on_nonfinite, max_grad_norm)
@@ -229,7 +250,56 @@ class ConstrainedModule(pl.LightningModule, ABC):
     def test_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
         return self._evaluation_step(batch, "test")
 
+    def configure_callbacks(self) -> list[pl.Callback]:
+        """The end-of-fit summary (:class:`~lit_constrained.callbacks.summary.FitSummary`) in every Trainer."""
+        from .callbacks.summary import FitSummary
+
+        return [FitSummary()]
+
+    @classmethod
+    def load_from_checkpoint(  # type: ignore[override]
+        cls,
+        checkpoint_path: str | Path | IO,
+        map_location: Any = None,
+        hparams_file: str | Path | None = None,
+        strict: bool | None = None,
+        weights_only: bool | None = None,
+        trusted_modules: Iterable[str] = (),
+        **kwargs: Any,
+    ) -> Any:
+        """Lightning's ``load_from_checkpoint``, refusing class paths from untrusted modules.
+
+        The hyper-parameters hold the optimizer (and a LightningCLI run's classes) as class paths;
+        rebuilding the module imports them, and importing a module runs its code. So each class path is
+        checked first, from a ``weights_only=True`` read: it must lie in ``lit_constrained``, ``torch``,
+        ``lightning``, this task's own module, or one of ``trusted_modules``; otherwise
+        :class:`~lit_constrained.class_spec.UntrustedClassPathError` is raised and nothing is imported.
+        Loads with ``weights_only=True`` (torch's safe default; everything the package saves is plain
+        data). An explicit ``weights_only=False`` runs pickle code anyway and skips the check.
+        """
+        if weights_only is not False:
+            trusted = (*TRUSTED_MODULES, cls.__module__, *trusted_modules)
+            checkpoint_path = _check_class_paths(checkpoint_path, trusted)
+        return super().load_from_checkpoint(
+            checkpoint_path, map_location=map_location, hparams_file=hparams_file, strict=strict,
+            weights_only=weights_only, **kwargs,
+        )
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         for name, tensor in checkpoint.get("state_dict", {}).items():
             if isinstance(tensor, Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise FloatingPointError(f"Refusing to write a checkpoint: parameter {name!r} holds NaN/inf.")
+
+def _check_class_paths(checkpoint_path: str | Path | IO, trusted: tuple[str, ...]) -> str | Path | IO:
+    """Check the class paths of a checkpoint's hyper-parameters (a ``weights_only=True`` read); the
+    path back, or a rewound in-memory copy of a file object."""
+    from lightning.fabric.utilities.cloud_io import _load as pl_load
+
+    source: Any = checkpoint_path
+    if not isinstance(checkpoint_path, (str, Path)):
+        source = io.BytesIO(checkpoint_path.read())
+    checkpoint = pl_load(source, map_location="cpu", weights_only=True)
+    check_trusted(checkpoint.get("hyper_parameters", {}), trusted)
+    if isinstance(source, io.BytesIO):
+        source.seek(0)
+    return source

@@ -180,21 +180,131 @@ def test_checkpoint_resume_is_bit_exact(tmp_path, optimizer):
         for p in model.parameters():
             p.add_(1.0)  # the checkpoint must restore everything
     trainer = quiet_trainer(max_steps=16, limit_val_batches=0)
-    trainer.fit(model, data, ckpt_path=half, weights_only=False)
+    trainer.fit(model, data, ckpt_path=half)  # weights_only=True: plain data
     assert trainer.global_step == 16
     for a, b in zip(model.parameters(), straight):
         assert torch.equal(a.detach(), b)
 
 
-def test_load_from_checkpoint_rebuilds_the_optimizer(tmp_path):
-    model = CurveFit(hidden=8, optimizer=functools.partial(SQPHeavyBall, lr=0.02, rho="full"))
+@pytest.mark.parametrize(
+    "optimizer, expected",
+    [
+        (functools.partial(SQPHeavyBall, lr=0.02, rho="full"), (SQPHeavyBall, 0.02)),
+        (functools.partial(functools.partial(torch.optim.SGD, lr=0.03), momentum=0.5), (torch.optim.SGD, 0.03)),
+        (torch.optim.Adam, (torch.optim.Adam, 1e-3)),
+        ({"class_path": "lit_constrained.optim.AdamCon", "init_args": {"lr": 0.04}}, (AdamCon, 0.04)),
+    ],
+    ids=["partial", "nested-partial", "class", "dict"],
+)
+def test_load_from_checkpoint_rebuilds_the_optimizer_from_a_safe_load(tmp_path, optimizer, expected):
+    """The optimizer is stored as class path + init args: torch's safe weights_only=True load suffices."""
+    model = CurveFit(hidden=8, optimizer=optimizer)
     trainer = quiet_trainer(max_steps=2, limit_val_batches=0)
     trainer.fit(model, CurveData(num_samples=8, batch_size=8))
     trainer.save_checkpoint(tmp_path / "m.ckpt")
-    loaded = CurveFit.load_from_checkpoint(tmp_path / "m.ckpt", weights_only=False)
+    raw = torch.load(tmp_path / "m.ckpt", weights_only=True)  # no pickled code in the file
+    assert raw["hyper_parameters"]["optimizer"]["class_path"].endswith(expected[0].__name__)
+    loaded = CurveFit.load_from_checkpoint(tmp_path / "m.ckpt")
     assert loaded.hparams.hidden == 8
     opt = loaded.configure_optimizers()
-    assert isinstance(opt, SQPHeavyBall) and opt.param_groups[0]["lr"] == 0.02 and opt.rho == "full"
+    assert type(opt) is expected[0] and opt.param_groups[0]["lr"] == expected[1]
+    if expected[0] is torch.optim.SGD:
+        assert opt.param_groups[0]["momentum"] == 0.5
+
+
+def test_scheduler_survives_the_checkpoint_too(tmp_path):
+    scheduler = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=3, gamma=0.5)
+    model = CurveFit(hidden=8, optimizer=functools.partial(SQPAdam, lr=0.01), lr_scheduler=scheduler)
+    quiet_trainer(max_steps=1, limit_val_batches=0).fit(model, CurveData(num_samples=8, batch_size=8))
+    model.trainer.save_checkpoint(tmp_path / "m.ckpt")
+    loaded = CurveFit.load_from_checkpoint(tmp_path / "m.ckpt")
+    config = loaded.configure_optimizers()
+    step_lr = config["lr_scheduler"]["scheduler"]
+    assert isinstance(step_lr, torch.optim.lr_scheduler.StepLR) and (step_lr.step_size, step_lr.gamma) == (3, 0.5)
+
+
+@pytest.mark.parametrize("bad", [lambda params: SQPAdam(params, lr=0.1), functools.partial(lambda p, lr: None, lr=1)])
+def test_lambda_optimizer_fails_at_construction_with_what_to_pass(bad):
+    with pytest.raises(TypeError, match=r"functools.partial\(torch.optim.Adam, lr=1e-3\)"):
+        CurveFit(optimizer=bad)
+
+
+def test_non_plain_init_args_are_rejected_at_construction():
+    with pytest.raises(TypeError, match="not plain data"):
+        CurveFit(optimizer=functools.partial(torch.optim.Adam, lr=torch.tensor(0.1)))
+
+
+def test_default_optimizer_is_sqp_adam_with_the_class_defaults():
+    import inspect
+
+    model = CurveFit()
+    assert model.hparams.optimizer == {"class_path": "lit_constrained.optim.SQPAdam", "init_args": {"lr": 1e-3}}
+    opt = model.configure_optimizers()
+    assert isinstance(opt, SQPAdam) and opt.param_groups[0]["lr"] == 1e-3
+    assert opt.rho == inspect.signature(SQPAdam).parameters["rho"].default
+
+
+def _crafted_checkpoint(tmp_path, module_name: str) -> Path:
+    """A checkpoint that passes the safe load and names ``<module_name>.Evil`` as its optimizer; the
+    module, on sys.path, would write a marker file if it were ever imported."""
+    (tmp_path / f"{module_name}.py").write_text(
+        f"from pathlib import Path\nPath({str(tmp_path / 'imported')!r}).write_text('ran')\n"
+        "import torch\nclass Evil(torch.optim.SGD):\n    pass\n"
+    )
+    model = CurveFit(hidden=4, optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+    quiet_trainer(max_steps=1, limit_val_batches=0).fit(model, CurveData(num_samples=8, batch_size=8))
+    model.trainer.save_checkpoint(tmp_path / "ok.ckpt")
+    checkpoint = torch.load(tmp_path / "ok.ckpt", weights_only=True)
+    checkpoint["hyper_parameters"]["optimizer"] = {"class_path": f"{module_name}.Evil", "init_args": {"lr": 0.1}}
+    torch.save(checkpoint, tmp_path / "crafted.ckpt")
+    return tmp_path / "crafted.ckpt"
+
+
+def test_checkpoint_naming_an_untrusted_module_is_refused_before_import(tmp_path, monkeypatch):
+    from lit_constrained.class_spec import UntrustedClassPathError
+
+    crafted = _crafted_checkpoint(tmp_path, "h14_crafted_payload")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UntrustedClassPathError, match="h14_crafted_payload.Evil"):
+        CurveFit.load_from_checkpoint(crafted)
+    assert not (tmp_path / "imported").exists() and "h14_crafted_payload" not in sys.modules
+    # the caller may name the module explicitly: then it loads (and its code runs)
+    loaded = CurveFit.load_from_checkpoint(crafted, trusted_modules=["h14_crafted_payload"])
+    assert type(loaded.configure_optimizers()).__name__ == "Evil" and (tmp_path / "imported").exists()
+    sys.modules.pop("h14_crafted_payload", None)
+
+
+def test_fit_ckpt_path_with_an_untrusted_class_is_refused_before_import(tmp_path, monkeypatch):
+    from lit_constrained.class_spec import UntrustedClassPathError
+    from lit_constrained.cli import main
+
+    crafted = _crafted_checkpoint(tmp_path, "h14_crafted_cli_payload")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    checkpoint = torch.load(crafted, weights_only=True)  # as a LightningCLI run stores it
+    checkpoint["hyper_parameters"]["_class_path"] = "lit_constrained.tasks.curve.CurveFit"
+    torch.save(checkpoint, crafted)
+    config = Path(__file__).resolve().parents[1] / "configs/curve/sqp_adam.yaml"
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
+    with pytest.raises(UntrustedClassPathError, match="h14_crafted_cli_payload.Evil"):
+        main(["fit", "--config", str(config), "--ckpt_path", str(crafted), "--trainer.logger", "false",
+              "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2"])
+    assert not (tmp_path / "imported").exists() and "h14_crafted_cli_payload" not in sys.modules
+
+
+def test_fit_prints_a_summary_with_the_violation_at_start_and_end(capsys):
+    torch.manual_seed(0)
+    model = CurveFit(optimizer=functools.partial(SQPAdam, lr=0.01, rho="full"))
+    quiet_trainer(max_steps=30, limit_val_batches=0).fit(model, CurveData(num_samples=16, batch_size=16))
+    out = capsys.readouterr().out
+    assert "fit summary" in out and "steps        30 in" in out
+    line = next(x for x in out.splitlines() if "max |c|" in x)
+    assert "over the m = 3 imposed constraints" in line
+    start = float(line.split()[2])
+    torch.manual_seed(0)
+    fresh = CurveFit(optimizer=functools.partial(SQPAdam, lr=0.01, rho="full"))
+    assert start == pytest.approx(float(fresh.constraints(None).detach().abs().max()), rel=1e-2)  # c(x_0) anew
+    end = float(line.split("->")[1].split()[0])
+    assert end == pytest.approx(float(model.constraints(None).detach().abs().max()), rel=1e-2)
 
 
 def test_validation_logs_task_metrics_with_input_derivatives_available():

@@ -1,0 +1,255 @@
+"""FitSummary: what a run achieved, printed once at the end of ``fit`` (rank 0), and what each
+violation figure of ``validate``/``test`` covers.
+
+At the end of ``fit``::
+
+    fit summary
+      steps        5000 in 41.2 s (8.2 ms a step)
+      objective    3.1e-01 (the last training step's objective())
+      max |c|      7.6e+01 at the start -> 7.1e-05 at the end (x 9.3e-07) over the m = 3 imposed constraints
+      validation   at the final weights (step 5000):
+        val/objective        2.9e-01   objective() on the validation data, mean over batches
+        val/violation_max    3.4e-04   max |r| over all 33 residuals of validation_constraints() (training imposes 3)
+      checkpoint   lightning_logs/version_0/checkpoints/last.ckpt
+
+"at the start" is max |c(x_0)| at the first step's weights (before any update); "at the end" is
+evaluated again at the final weights. Validation figures come from the run's last validation if it
+was at the final step; otherwise they are computed here, at the final weights, from the DataModule's
+validation loader (so a run of any length reports them).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+
+_EVAL_STAGES = ("val", "test")
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.2e}"
+
+
+def _max_abs(c: Any) -> float | None:
+    if not isinstance(c, Tensor) or c.numel() == 0:
+        return None
+    return float(c.detach().abs().max())
+
+
+def overrides(module: pl.LightningModule, name: str) -> bool:
+    """Whether ``module``'s class overrides ConstrainedModule's ``name`` hook."""
+    from lit_constrained.module import ConstrainedModule
+
+    return getattr(type(module), name, None) is not getattr(ConstrainedModule, name, None)
+
+
+class _EvalCount:
+    """Residual rows and their max |r| over one validation/test run (this rank's batches)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.max_abs: Tensor | None = None
+
+    def add(self, c: Any) -> None:
+        if isinstance(c, Tensor) and c.numel():
+            self.rows += c.numel()
+            m = c.detach().abs().max()
+            self.max_abs = m if self.max_abs is None else torch.maximum(self.max_abs, m)
+
+
+class FitSummary(Callback):
+    """Prints the end-of-fit summary and names what each evaluation violation figure covers.
+
+    ConstrainedModule adds it to every Trainer (``configure_callbacks``); only rank 0 prints.
+    """
+
+    def __init__(self) -> None:
+        self._start_time: float | None = None
+        self._c_start: float | None = None
+        self._m: int | None = None
+        self._last_batch: Any = None
+        self._evals: dict[str, _EvalCount] = {}
+        self._last_val_step: int | None = None
+
+    # ------------------------------------------------------------------ bookkeeping
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start_time = time.perf_counter()
+        self._c_start, self._m, self._last_batch, self._last_val_step = None, None, None, None
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._last_batch = batch
+        if self._m is None and isinstance(outputs, dict):
+            c = outputs.get("constraints")
+            self._m = c.numel() if isinstance(c, Tensor) else 0
+            self._c_start = _max_abs(c)  # once per run: c at the first step's weights x_0
+
+    def _eval_start(self, stage: str) -> None:
+        self._evals[stage] = _EvalCount()
+
+    def _eval_batch(self, stage: str, outputs: Any) -> None:
+        # the evaluation step returns the imposed c and, for a task that overrides
+        # validation_constraints, its residual r over all points; r is what the residual figure covers
+        if isinstance(outputs, dict):
+            residual = outputs.get("validation_constraints", outputs.get("constraints"))
+            self._evals.setdefault(stage, _EvalCount()).add(residual)
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_start("val")
+
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_start("test")
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:  # type: ignore[no-untyped-def]
+        self._eval_batch("val", outputs)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:  # type: ignore[no-untyped-def]
+        self._eval_batch("test", outputs)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        if trainer.state.fn == "fit":
+            self._last_val_step = trainer.global_step
+        elif trainer.is_global_zero:
+            self._print_legend(trainer, pl_module, "val")
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self._print_legend(trainer, pl_module, "test")
+
+    # ------------------------------------------------------------------ what the figures mean
+    def meaning(self, pl_module: pl.LightningModule, stage: str, key: str) -> str:
+        """Plain words for the evaluation metric ``key`` (e.g. ``val/violation_max``)."""
+        name = key.split("/", 1)[-1] if key.startswith(f"{stage}/") else key
+        lowered = key.lower()
+        if "residual" in lowered or key == f"{stage}/violation_max":
+            # the residuals of validation_constraints(batch) (the imposed constraints if not overridden)
+            count = self._evals.get(stage)
+            rows = count.rows if count is not None else 0
+            world = getattr(getattr(pl_module, "trainer", None), "world_size", 1) or 1
+            per_rank = f" on each of {world} ranks" if world > 1 else ""
+            m = f"training imposes {self._m}" if self._m else "the imposed ones are constraints()"
+            if overrides(pl_module, "validation_constraints"):
+                return f"max |r| over all {rows} residuals of validation_constraints(){per_rank} ({m})"
+            return f"max |c| over the {rows} imposed constraints, constraints() on the {stage} data{per_rank}"
+        if "violation" in lowered:
+            m = f"m = {self._m} " if self._m else ""
+            return f"max |c| of the {m}imposed constraints, constraints() on the {stage} data"
+        if name.lower() == "objective" or lowered.startswith("objective/"):
+            return f"objective() on the {stage} data, mean over batches"
+        return f"evaluation_metrics()['{name}'], mean over {stage} batches"
+
+    def _print_legend(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        keys = sorted(k for k in trainer.callback_metrics if stage in k.split("/"))
+        if not keys:
+            return
+        width = max(len(k) for k in keys)
+        lines = [f"{stage} figures:"]
+        for key in keys:
+            value = float(trainer.callback_metrics[key])
+            lines.append(f"  {key:<{width}}  {_fmt(value)}   {self.meaning(pl_module, stage, key)}")
+        print("\n".join(lines), flush=True)
+
+    # ------------------------------------------------------------------ end of fit
+    def _final_constraints(self, pl_module: pl.LightningModule) -> float | None:
+        constraints = getattr(pl_module, "constraints", None)
+        if constraints is None or self._last_batch is None:
+            return None
+        with torch.enable_grad():
+            return _max_abs(constraints(self._last_batch))
+
+    def _final_validation(self, trainer: pl.Trainer, pl_module: Any) -> dict[str, float]:
+        """The validation figures at the final weights, from the DataModule's validation loader."""
+        datamodule = trainer.datamodule
+        if datamodule is None or not overrides_hook(datamodule, "val_dataloader"):
+            return {}
+        loader = datamodule.val_dataloader()
+        imposed, residual, objectives, metrics = _EvalCount(), _EvalCount(), [], {}
+        has_residual = overrides(pl_module, "validation_constraints")
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            with torch.enable_grad():
+                for batch in loader:
+                    batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
+                    objectives.append(float(pl_module.objective(batch).detach()))
+                    imposed.add(pl_module.constraints(batch))
+                    if has_residual:
+                        residual.add(pl_module.validation_constraints(batch))
+                    for key, value in pl_module.evaluation_metrics(batch, "val").items():
+                        metrics.setdefault(key, []).append(float(value.detach() if isinstance(value, Tensor) else value))
+        finally:
+            pl_module.train(was_training)
+        self._evals["val"] = residual if has_residual else imposed
+        objective_key, violation_key, residual_key = _evaluation_tags("val")
+        out = {objective_key: sum(objectives) / len(objectives)} if objectives else {}
+        out.update({f"val/{k}": sum(v) / len(v) for k, v in metrics.items()})
+        if imposed.max_abs is not None:
+            out[violation_key] = float(imposed.max_abs)
+        if residual.max_abs is not None:
+            out[residual_key] = float(residual.max_abs)
+        return out
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero or self._start_time is None:
+            return
+        seconds = time.perf_counter() - self._start_time
+        steps = trainer.global_step
+        last = getattr(pl_module, "last_step", None)
+        lines = ["fit summary"]
+        per_step = f" ({1e3 * seconds / steps:.1f} ms a step)" if steps else ""
+        lines.append(f"  steps        {steps} in {seconds:.1f} s{per_step}")
+        if last is not None:
+            lines.append(f"  objective    {_fmt(float(last.objective))} (the last training step's objective())")
+        if self._m:
+            end = self._final_constraints(pl_module)
+            ratio = end / self._c_start if end is not None and self._c_start else None
+            lines.append(
+                f"  max |c|      {_fmt(self._c_start)} at the start -> {_fmt(end)} at the end "
+                f"(x {_fmt(ratio)}) over the m = {self._m} imposed constraints"
+            )
+        lines.extend(self._validation_lines(trainer, pl_module, steps))
+        ckpt = trainer.checkpoint_callback
+        path = (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")) if ckpt else ""
+        lines.append(f"  checkpoint   {path or 'none written (no checkpoint callback ran)'}")
+        if trainer.logger is not None and trainer.log_dir:
+            lines.append(f"  logs         {trainer.log_dir}")
+        print("\n".join(lines), flush=True)
+
+    def _validation_lines(self, trainer: pl.Trainer, pl_module: Any, steps: int) -> list[str]:
+        if self._last_val_step == steps:
+            figures = {k: float(v) for k, v in trainer.callback_metrics.items() if "val" in k.split("/")}
+            where = f"the run's last validation (step {steps})"
+        else:
+            figures = self._final_validation(trainer, pl_module)
+            where = f"at the final weights (step {steps})"
+        if not figures:
+            return []
+        width = max(len(k) for k in figures)
+        lines = [f"  validation   {where}:"]
+        for key in sorted(figures):
+            lines.append(f"    {key:<{width}}  {_fmt(figures[key])}   {self.meaning(pl_module, 'val', key)}")
+        return lines
+
+
+def overrides_hook(datamodule: pl.LightningDataModule, name: str) -> bool:
+    """Whether the DataModule defines ``name`` itself (LightningDataModule's raises)."""
+    return getattr(type(datamodule), name, None) is not getattr(pl.LightningDataModule, name, None)
+
+
+def _evaluation_tags(stage: str) -> tuple[str, str, str]:
+    """The names the module logs evaluation figures under: objective, imposed violation, residual."""
+    try:
+        from lit_constrained.callbacks.monitoring import OBJECTIVE, RESIDUAL, VIOLATION, tag
+
+        return tag(OBJECTIVE, stage), tag(VIOLATION, stage), tag(RESIDUAL, stage)
+    except ImportError:
+        return f"{stage}/objective", f"{stage}/violation_max", f"{stage}/residual_max"
