@@ -1,14 +1,18 @@
 r"""Log constraint-violation metrics on train (per step) and validation/test (per epoch).
 
 For each stage the callback keeps its own :mod:`lit_constrained.metrics` modules (on the module's device)
-and logs them under ``violation/<stage>/<name>``, ``<stage>`` in ``train``, ``val``, ``test`` and
-``<name>`` in ``max``, ``mean``, ``l1``, ``l2``, ``relative``:
+and logs them under ``Violation/<stage>/<name>`` (``source="constraints"``: the m imposed constraints,
+the family of ``ConstrainedModule``'s ``Violation/<stage>`` = max) or ``residual/<stage>/<name>``
+(``source="validation_constraints"``: the residual over every validation point, val/test only),
+``<stage>`` in ``train``, ``val``, ``test`` and ``<name>`` in ``max``, ``mean``, ``l1``, ``l2``, ``relative``
+(the default leaves out ``max``: ``ConstrainedModule`` logs it already):
 
 .. math::
     \max_i |c_i|, \quad \frac{1}{m}\sum_i |c_i|, \quad \|c\|_1, \quad \|c\|_2, \quad
     \frac{\|c\|_p}{\|c_0\|_p \ (\text{or } 1 \text{ if } \|c_0\|_p = 0)}.
 
-It reads the residuals from what the step hooks return (``{"objective": f, "constraints": c}``):
+It reads the residuals from what the step hooks return (``{"objective": f, "constraints": c,
+"validation_constraints": r}``):
 
 * **train**: the training constraints are already the mean over ranks and the same on every rank, so
   the train metrics never sync (``sync_on_compute=False``); each step's value is computed from that
@@ -33,6 +37,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
+from lit_constrained.callbacks.monitoring import RESIDUAL, VIOLATION
 from lit_constrained.metrics import MetricName, RelativeViolation, ViolationMetric, build_violation_metric, check_metric_names
 from lit_constrained.metrics.functional import check_norm_order, reference_norm
 
@@ -40,6 +45,8 @@ __all__ = ["ConstraintViolationMonitor"]
 
 Stage = Literal["train", "val", "test"]
 STAGES: tuple[str, ...] = ("train", "val", "test")
+Source = Literal["constraints", "validation_constraints"]
+SOURCES: dict[str, str] = {"constraints": VIOLATION, "validation_constraints": RESIDUAL}
 
 
 class ConstraintViolationMonitor(Callback):
@@ -48,6 +55,9 @@ class ConstraintViolationMonitor(Callback):
     Args:
         metrics: which metrics to log, a subset of ``("max", "mean", "l1", "l2", "relative")``.
         stages: where to log them, a subset of ``("train", "val", "test")``.
+        source: ``"constraints"`` (the imposed constraints; tags ``Violation/<stage>/<name>``) or
+            ``"validation_constraints"`` (the residual over every validation point, val/test only;
+            tags ``residual/<stage>/<name>``).
         norm_order: the norm of the ``relative`` metric: 1, 2 or ``"inf"``.
         references: optional reference norms :math:`\\|c_0\\|` for ``relative``, keyed by stage; a stage
             without one takes its first computed value.
@@ -56,8 +66,9 @@ class ConstraintViolationMonitor(Callback):
 
     def __init__(
         self,
-        metrics: Sequence[MetricName] = ("max", "mean", "l1", "l2", "relative"),
+        metrics: Sequence[MetricName] = ("mean", "l1", "l2", "relative"),
         stages: Sequence[Stage] = ("train", "val", "test"),
+        source: Source = "constraints",
         norm_order: float | Literal["inf"] = 2.0,
         references: dict[Stage, float] | None = None,
         prog_bar: bool = False,
@@ -68,6 +79,14 @@ class ConstraintViolationMonitor(Callback):
         bad = [s for s in stages if s not in STAGES]
         if bad or not stages or len(set(stages)) != len(stages):
             raise ValueError(f"Invalid stages {stages!r}: choose a non-empty subset of {STAGES} without repeats.")
+        if source not in SOURCES:
+            raise ValueError(f"Invalid source {source!r}: choose one of {tuple(SOURCES)}.")
+        if source == "validation_constraints" and "train" in stages:
+            stages = tuple(s for s in stages if s != "train")  # training steps impose only the constraints
+            if not stages:
+                raise ValueError("source='validation_constraints' has no train values: choose stages val and/or test.")
+        self.source = source
+        self.family = SOURCES[source]
         self.stages = stages
         self.norm_order = check_norm_order(norm_order)
         references = dict(references or {})
@@ -84,7 +103,9 @@ class ConstraintViolationMonitor(Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(metrics=self.metric_names, stages=self.stages, norm_order=self.norm_order)
+        return self._generate_state_key(
+            metrics=self.metric_names, stages=self.stages, norm_order=self.norm_order, source=self.source
+        )
 
     # ------------------------------------------------------------------------------------ metric store
     def _stage_metrics(self, stage: str, dataloader_idx: int, pl_module: LightningModule) -> torch.nn.ModuleDict:
@@ -117,20 +138,20 @@ class ConstraintViolationMonitor(Callback):
         self.metrics.to(pl_module.device)
 
     def _constraints_from(self, outputs: Any, stage: str) -> Tensor | None:
-        if isinstance(outputs, Mapping) and "constraints" in outputs:
-            c = outputs["constraints"]
+        if isinstance(outputs, Mapping) and self.source in outputs:
+            c = outputs[self.source]
             if c is None or isinstance(c, Tensor):
                 return c
             raise ValueError(
-                f"ConstraintViolationMonitor: the {stage} step returned constraints of type {type(c).__name__}; "
+                f"ConstraintViolationMonitor: the {stage} step returned {self.source} of type {type(c).__name__}; "
                 "return a 1-D tensor of residuals (or None when the task has none)."
             )
         if stage not in self._warned:
             self._warned.add(stage)
             rank_zero_warn(
-                f"ConstraintViolationMonitor: the {stage} step output has no 'constraints' entry "
+                f"ConstraintViolationMonitor: the {stage} step output has no '{self.source}' entry "
                 f"(got {type(outputs).__name__}), so no {stage} violation is logged. Return "
-                '{"objective": f, "constraints": c} from the step (ConstrainedModule does).'
+                f'{{"objective": f, "{self.source}": c}} from the step (ConstrainedModule does).'
             )
         return None
 
@@ -156,7 +177,7 @@ class ConstraintViolationMonitor(Callback):
             metric.update(c)
             value = metric.compute()  # no sync: c is already the rank mean, identical on all ranks
             metric.reset()
-            pl_module.log(f"violation/train/{name}", value, on_step=True, on_epoch=False, prog_bar=self.prog_bar)
+            pl_module.log(f"{self.family}/train/{name}", value, on_step=True, on_epoch=False, prog_bar=self.prog_bar)
 
     def _evaluation_batch_end(self, stage: str, outputs: Any, dataloader_idx: int, pl_module: LightningModule) -> None:
         if stage not in self.stages:
@@ -170,7 +191,7 @@ class ConstraintViolationMonitor(Callback):
             metric.update(c)
             # Lightning computes (synced across ranks) and resets the metric object at epoch end
             pl_module.log(
-                f"violation/{stage}/{name}",
+                f"{self.family}/{stage}/{name}",
                 metric,
                 on_step=False,
                 on_epoch=True,

@@ -116,40 +116,40 @@ def _quiet() -> Any:
 def test_train_metrics_logged_per_step_from_that_steps_residuals() -> None:
     torch.manual_seed(0)
     task, logger = ToyTask(), MemoryLogger()
-    monitor = ConstraintViolationMonitor(stages=("train",))
+    monitor = ConstraintViolationMonitor(NAMES, stages=("train",))
     trainer = _trainer(monitor, logger, max_steps=5, limit_val_batches=0)
     trainer.fit(task, train_dataloaders=_loader(_rows(15, 1)))
     assert len(task.train_residuals) == 5
     expected = [_np_metrics(c) for c in task.train_residuals]
     for name in ("max", "mean", "l1", "l2"):
-        got = logger.series(f"violation/train/{name}")
+        got = logger.series(f"Violation/train/{name}")
         assert got == pytest.approx([e[name] for e in expected], rel=1e-6), name
     # relative: ||c_t|| / ||c_0||, c_0 the first step's residuals
-    rel = logger.series("violation/train/relative")
+    rel = logger.series("Violation/train/relative")
     assert rel == pytest.approx([e["l2"] / expected[0]["l2"] for e in expected], rel=1e-6)
     assert rel[-1] < rel[0]  # the toy problem reduces its violation
-    assert not any(k.startswith("violation/val") for _, m in logger.records for k in m)
+    assert not any(k.startswith("Violation/val") for _, m in logger.records for k in m)
 
 
 def test_val_metrics_are_epoch_values_on_all_residuals_and_skip_sanity_check() -> None:
     torch.manual_seed(0)
     task, logger = ToyTask(), MemoryLogger()
     x_val = _rows(10, 2)
-    monitor = ConstraintViolationMonitor(stages=("val",))
+    monitor = ConstraintViolationMonitor(NAMES, stages=("val",))
     trainer = _trainer(monitor, logger, max_epochs=2, num_sanity_val_steps=1)
     trainer.fit(task, train_dataloaders=_loader(_rows(6, 1)), val_dataloaders=_loader(x_val))
     # the last validation ran with the final weights: recompute its residuals independently
     c_final = (x_val @ task.w.detach()).numpy()
     expected = _np_metrics(c_final)
     for name in ("max", "mean", "l1", "l2"):
-        series = logger.series(f"violation/val/{name}")
+        series = logger.series(f"Violation/val/{name}")
         assert len(series) == 2, name  # one value per epoch, none from the sanity check
         assert series[-1] == pytest.approx(expected[name], rel=1e-6), name
     # reference: the first (full) validation epoch, not the 1-batch sanity check
-    l2 = logger.series("violation/val/l2")
-    rel = logger.series("violation/val/relative")
+    l2 = logger.series("Violation/val/l2")
+    rel = logger.series("Violation/val/relative")
     assert rel == pytest.approx([1.0, l2[1] / l2[0]], rel=1e-6)
-    assert not any(k.startswith("violation/train") for _, m in logger.records for k in m)
+    assert not any(k.startswith("Violation/train") for _, m in logger.records for k in m)
 
 
 def test_test_stage_with_two_dataloaders_and_given_reference() -> None:
@@ -161,9 +161,9 @@ def test_test_stage_with_two_dataloaders_and_given_reference() -> None:
     for idx, x in enumerate((x_a, x_b)):
         expected = _np_metrics((x @ w).numpy())
         got = results[idx]
-        assert got[f"violation/test/l2/dataloader_idx_{idx}"] == pytest.approx(expected["l2"], rel=1e-6)
-        assert got[f"violation/test/mean/dataloader_idx_{idx}"] == pytest.approx(expected["mean"], rel=1e-6)
-        assert got[f"violation/test/relative/dataloader_idx_{idx}"] == pytest.approx(expected["l2"] / 2.0, rel=1e-6)
+        assert got[f"Violation/test/l2/dataloader_idx_{idx}"] == pytest.approx(expected["l2"], rel=1e-6)
+        assert got[f"Violation/test/mean/dataloader_idx_{idx}"] == pytest.approx(expected["mean"], rel=1e-6)
+        assert got[f"Violation/test/relative/dataloader_idx_{idx}"] == pytest.approx(expected["l2"] / 2.0, rel=1e-6)
         assert not any("/max" in k or "/l1" in k for k in got)
 
 
@@ -172,8 +172,8 @@ def test_validate_twice_resets_epoch_state() -> None:
     x = _rows(9, 5)
     monitor = ConstraintViolationMonitor(metrics=("l1",), stages=("val",))
     trainer = _trainer(monitor)
-    first = trainer.validate(task, dataloaders=_loader(x), verbose=False)[0]["violation/val/l1"]
-    second = trainer.validate(task, dataloaders=_loader(x), verbose=False)[0]["violation/val/l1"]
+    first = trainer.validate(task, dataloaders=_loader(x), verbose=False)[0]["Violation/val/l1"]
+    second = trainer.validate(task, dataloaders=_loader(x), verbose=False)[0]["Violation/val/l1"]
     expected = _np_metrics((x @ task.w.detach()).numpy())["l1"]
     assert first == pytest.approx(expected, rel=1e-6)
     assert second == pytest.approx(expected, rel=1e-6)  # not doubled
@@ -205,7 +205,7 @@ def test_reference_survives_checkpoint_round_trip() -> None:
     with torch.no_grad():
         task.w.mul_(0.5)  # halves every residual
     out = _trainer(resumed).validate(task, dataloaders=_loader(x), verbose=False)[0]
-    assert out["violation/val/relative"] == pytest.approx(0.5, rel=1e-6)
+    assert out["Violation/val/relative"] == pytest.approx(0.5, rel=1e-6)
     assert resumed.state_key == monitor.state_key
 
 
@@ -225,13 +225,13 @@ def test_no_constraints_logs_nothing_and_plain_output_warns_once() -> None:
     out = _trainer(ConstraintViolationMonitor()).validate(
         NoConstraintsTask(), dataloaders=_loader(_rows(4, 8)), verbose=False
     )[0]
-    assert not any(k.startswith("violation/") for k in out)
+    assert not any(k.startswith("Violation/") for k in out)
     with pytest.warns(UserWarning, match="no 'constraints' entry") as record:
         out = _trainer(ConstraintViolationMonitor()).validate(
             PlainOutputTask(), dataloaders=_loader(_rows(7, 8)), verbose=False
         )[0]
     assert sum("no 'constraints' entry" in str(w.message) for w in record) == 1
-    assert not any(k.startswith("violation/") for k in out)
+    assert not any(k.startswith("Violation/") for k in out)
 
 
 def test_bad_arguments_raise_clear_errors() -> None:
@@ -241,6 +241,10 @@ def test_bad_arguments_raise_clear_errors() -> None:
         ConstraintViolationMonitor(stages=("train", "validate"))
     with pytest.raises(ValueError, match="norm order"):
         ConstraintViolationMonitor(norm_order=3)
+    with pytest.raises(ValueError, match="Invalid source"):
+        ConstraintViolationMonitor(source="residual")
+    with pytest.raises(ValueError, match="no train values"):
+        ConstraintViolationMonitor(stages=("train",), source="validation_constraints")
     with pytest.raises(ValueError, match="unknown stage"):
         ConstraintViolationMonitor(references={"validation": 1.0})
     with pytest.raises(ValueError, match=">= 0"):
@@ -273,7 +277,7 @@ def test_ddp_spawn_val_is_synced_over_shards_and_train_is_not_summed() -> None:
     """2 CPU processes: each rank validates half of the rows; train residuals are identical per rank."""
     task = ToyTask(lr=0.0)  # weights stay put, so the parent can recompute every residual
     x_val = _rows(10, 9)  # DistributedSampler: 5 rows per rank (batches of 3 and 2)
-    monitor = ConstraintViolationMonitor()
+    monitor = ConstraintViolationMonitor(NAMES)
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
@@ -292,14 +296,15 @@ def test_ddp_spawn_val_is_synced_over_shards_and_train_is_not_summed() -> None:
     val = _np_metrics((x_val @ w).numpy())
     train = _np_metrics((task.a_train @ w).numpy())
     for name in ("max", "mean", "l1", "l2"):
-        assert got[f"violation/val/{name}"] == pytest.approx(val[name], rel=1e-6), name
-        assert got[f"violation/train/{name}"] == pytest.approx(train[name], rel=1e-6), name
-    assert got["violation/val/relative"] == pytest.approx(1.0, rel=1e-6)
-    assert got["violation/train/relative"] == pytest.approx(1.0, rel=1e-6)
+        assert got[f"Violation/val/{name}"] == pytest.approx(val[name], rel=1e-6), name
+        assert got[f"Violation/train/{name}"] == pytest.approx(train[name], rel=1e-6), name
+    assert got["Violation/val/relative"] == pytest.approx(1.0, rel=1e-6)
+    assert got["Violation/train/relative"] == pytest.approx(1.0, rel=1e-6)
 
 
-def test_with_constrained_module_and_larger_validation_constraint_set() -> None:
-    """The real task contract: CurveFit trained by SQP-Adam, validated on the residual at all 101 points."""
+def test_with_constrained_module_imposed_and_all_point_families() -> None:
+    """The real task contract: CurveFit trained by SQP-Adam; Violation/* from the 3 imposed anchors,
+    residual/* from the residual at all 101 validation points (one name, one meaning)."""
     from lit_constrained.optim import SQPAdam
     from lit_constrained.tasks.curve import CurveData, CurveFit
 
@@ -312,8 +317,14 @@ def test_with_constrained_module_and_larger_validation_constraint_set() -> None:
     task = CurveFitAllPoints(hidden=8, optimizer=functools.partial(SQPAdam, lr=1e-2))
     data = CurveData(num_samples=32, batch_size=16)
     logger = MemoryLogger()
-    monitor = ConstraintViolationMonitor()
-    trainer = _trainer(monitor, logger, max_steps=4, num_sanity_val_steps=0)
+    imposed = ConstraintViolationMonitor(NAMES)
+    everywhere = ConstraintViolationMonitor(NAMES, source="validation_constraints")
+    assert everywhere.stages == ("val", "test")
+    trainer = Trainer(
+        accelerator="cpu", devices=1, callbacks=[imposed, everywhere], logger=logger, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1, max_steps=4,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(task, datamodule=data)
 
     # train: the last step's (rank-mean) training residuals, m = 3 anchors
@@ -322,12 +333,18 @@ def test_with_constrained_module_and_larger_validation_constraint_set() -> None:
     assert c_train.shape == (3,)
     expected = _np_metrics(c_train)
     for name in ("max", "mean", "l1", "l2"):
-        assert logger.series(f"violation/train/{name}")[-1] == pytest.approx(expected[name], rel=1e-5), name
-    assert len(logger.series("violation/train/l2")) == 4
-    # val: recomputed at the final weights on all 101 validation points
+        assert logger.series(f"Violation/train/{name}")[-1] == pytest.approx(expected[name], rel=1e-5), name
+    assert len(logger.series("Violation/train/l2")) == 4
+    assert not any(k.startswith("residual/train") for _, m in logger.records for k in m)
+    # val, at the final weights: the 3 anchors (Violation) and all 101 validation points (residual)
     x_val, y_val = data.val_set.tensors
     with torch.no_grad():
-        c_val = (task.net(x_val) - y_val).squeeze(-1).numpy()
-    expected = _np_metrics(c_val)
-    for name in ("max", "mean", "l1", "l2"):
-        assert logger.series(f"violation/val/{name}")[-1] == pytest.approx(expected[name], rel=1e-5), name
+        c_anchor = (task.net(task.anchor_x).squeeze(-1) - task.anchor_y).numpy()
+        c_all = (task.net(x_val) - y_val).squeeze(-1).numpy()
+    for family, c in (("Violation", c_anchor), ("residual", c_all)):
+        expected = _np_metrics(c)
+        for name in ("max", "mean", "l1", "l2"):
+            assert logger.series(f"{family}/val/{name}")[-1] == pytest.approx(expected[name], rel=1e-5), (family, name)
+    # the module's own headline max equals the callbacks' max of the same family
+    assert logger.series("Violation/val")[-1] == pytest.approx(logger.series("Violation/val/max")[-1], rel=1e-6)
+    assert logger.series("residual/val")[-1] == pytest.approx(logger.series("residual/val/max")[-1], rel=1e-6)

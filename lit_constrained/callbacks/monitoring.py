@@ -1,0 +1,232 @@
+"""What :class:`~lit_constrained.module.ConstrainedModule` writes to its loggers, and how TensorBoard
+shows it first.
+
+Tag families (one name, one meaning):
+
+=======================  ==========================================================================
+``Objective/<stage>``    the objective f. ``train``: the step's (mini-batch) f at the weights x_s
+                         BEFORE update s+1, at step s (step 0: the start); ``val``/``test``: the
+                         mean over the evaluation batches.
+``Violation/<stage>``    :math:`\\max_i |c_i|` of the m IMPOSED constraints (``constraints(batch)``);
+                         ``val``/``test``: at the evaluated weights, the max over the batches.
+``residual/<stage>``     :math:`\\max |r|` over every point of ``validation_constraints(batch)``
+                         (e.g. all collocation points), only for a task that overrides it.
+``<stage>/<name>``       the task's ``evaluation_metrics`` (e.g. ``val/mse``).
+``optim/<name>``         optimizer diagnostics, each only once it has changed during the run (a
+                         constant, such as a full rank, rho or lr without a scheduler, is written once
+                         to the run's text summary instead of as a flat chart).
+``prediction``           the task's ``prediction_figure()`` at every validation (Images tab).
+=======================  ==========================================================================
+
+Why the capitals: TensorBoard's Time Series tab groups cards by the tag's first component, sorts the
+groups naturally (digits and upper case before lower case) and expands the first two groups when it
+opens. ``Objective`` and ``Violation`` are therefore the two open groups, above Lightning's ``epoch``,
+``optim/*``, ``val/*``. The same pairs are also written as a Custom Scalars layout (train and val
+on one chart each) and as the HParams tab's metrics (optimizer, lr, rho as columns), and Lightning's
+constant ``hp_metric`` placeholder is turned off.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from torch import Tensor
+
+__all__ = [
+    "OBJECTIVE", "VIOLATION", "RESIDUAL", "DIAGNOSTICS", "FIGURE", "tag", "headline_tags", "scalar_layout",
+    "run_hparams", "VaryingScalars", "tensorboard_writers", "write_scalars", "write_summary", "log_figure",
+    "REDUNDANT_DIAGNOSTICS", "write_text", "small_figure",
+]
+
+OBJECTIVE = "Objective"
+VIOLATION = "Violation"
+RESIDUAL = "residual"
+DIAGNOSTICS = "optim"
+FIGURE = "prediction"
+
+#: Diagnostics not charted: ``violation_max`` is ``Violation/train``; ``step_norm`` is
+#: sqrt(normal^2 + tangential^2) of the two orthogonal parts, both charted; ``direction_norm`` is
+#: ``step_norm / lr``.
+REDUNDANT_DIAGNOSTICS = frozenset({"violation_max", "step_norm", "direction_norm"})
+
+
+def tag(family: str, stage: str) -> str:
+    """``"<family>/<stage>"``, e.g. ``tag(VIOLATION, "val") == "Violation/val"``."""
+    return f"{family}/{stage}"
+
+
+def headline_tags(has_constraints: bool, has_residual: bool, stages: Iterable[str] = ("train", "val")) -> list[str]:
+    """The tags of the headline charts, objective first, in the order TensorBoard shows them."""
+    families = [OBJECTIVE] + ([VIOLATION] if has_constraints else [])
+    tags = [tag(family, stage) for family in families for stage in stages]
+    if has_residual:
+        tags += [tag(RESIDUAL, stage) for stage in stages if stage != "train"]
+    return tags
+
+
+def scalar_layout(has_constraints: bool, has_residual: bool) -> dict[str, dict[str, list[Any]]]:
+    """A Custom Scalars layout: train and validation of each headline quantity on one chart."""
+    charts: dict[str, list[Any]] = {"objective f (train, val)": ["Multiline", [rf"^{OBJECTIVE}/(train|val)$"]]}
+    if has_constraints:
+        charts["max |c| of the imposed constraints (train, val)"] = ["Multiline", [rf"^{VIOLATION}/(train|val)$"]]
+    if has_residual:
+        charts["max residual over all validation points"] = ["Multiline", [rf"^{RESIDUAL}/val$"]]
+    return {"constrained training": charts}
+
+
+def _hparam_value(value: Any) -> int | float | str | bool:
+    if isinstance(value, Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if value is None:
+        return "none"
+    return str(value)
+
+
+def run_hparams(module: Any, optimizer: Any, scheduler: Any = None) -> dict[str, int | float | str | bool]:
+    """The HParams tab's columns: task, optimizer, its lr and rho, the scheduler, the task's own
+    scalar arguments (LightningCLI's internal ``_instantiator`` and the optimizer's config dict left out)."""
+    group = optimizer.param_groups[0] if getattr(optimizer, "param_groups", None) else {}
+    params: dict[str, int | float | str | bool] = {
+        "task": type(module).__name__,
+        "optimizer": type(optimizer).__name__,
+    }
+    if "lr" in group:
+        params["lr"] = float(group["lr"])
+    if "rho" in group:
+        params["rho"] = str(group["rho"])  # "full" or a number: one column type across runs
+    params["lr_scheduler"] = type(scheduler).__name__ if scheduler is not None else "none"
+    hparams = getattr(module, "hparams", {}) or {}
+    for key, value in hparams.items():
+        if key.startswith("_") or key in ("optimizer", "lr_scheduler") or key in params:
+            continue
+        if isinstance(value, (Mapping, list, tuple)) and len(str(value)) > 80:
+            continue
+        params[key] = _hparam_value(value)
+    return params
+
+
+class VaryingScalars:
+    """Filters a stream of named scalars down to the ones that vary.
+
+    A name is charted only from the moment its value first differs from its first value (that first
+    value is then written at its own step, so the chart starts at the beginning); until then it is a
+    constant, reported by :meth:`constants`. NaN equals NaN here.
+    """
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[int, float]] = {}
+        self.varying: set[str] = set()
+
+    def update(self, step: int, values: Mapping[str, float]) -> list[tuple[int, dict[str, float]]]:
+        """Feed the values of ``step``; returns ``[(step, {name: value})]`` to write, oldest first."""
+        backfill: dict[int, dict[str, float]] = {}
+        now: dict[str, float] = {}
+        for name, value in values.items():
+            if name in self.varying:
+                now[name] = value
+            elif name not in self.first:
+                self.first[name] = (step, value)
+            else:
+                first_step, first = self.first[name]
+                same = value == first or (math.isnan(value) and math.isnan(first))
+                if not same:
+                    self.varying.add(name)
+                    backfill.setdefault(first_step, {})[name] = first
+                    now[name] = value
+        out = sorted(backfill.items())
+        if now:
+            out.append((step, now))
+        return out
+
+    def constants(self) -> dict[str, float]:
+        """The names that never varied, with their value."""
+        return {name: value for name, (_, value) in self.first.items() if name not in self.varying}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"first": dict(self.first), "varying": sorted(self.varying)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.first = {k: (int(s), float(v)) for k, (s, v) in state.get("first", {}).items()}
+        self.varying = set(state.get("varying", ()))
+
+
+def tensorboard_writers(trainer: Any) -> list[Any]:
+    """The ``SummaryWriter`` of every TensorBoard logger of ``trainer`` (rank 0 only; else empty)."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    if trainer is None or not trainer.is_global_zero:
+        return []
+    return [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+
+
+def write_scalars(trainer: Any, metrics: Mapping[str, float], step: int) -> None:
+    """Write ``metrics`` (Python numbers) at ``step`` to every logger, outside Lightning's cadence."""
+    if trainer is None or not metrics:
+        return
+    for logger in trainer.loggers:
+        logger.log_metrics(dict(metrics), step=step)  # rank-zero only (Lightning's decorator)
+
+
+def write_summary(
+    trainer: Any, params: Mapping[str, int | float | str | bool], metric_tags: Iterable[str],
+    layout: Mapping[str, Any] | None = None,
+) -> None:
+    """The HParams summary (``params`` as columns, ``metric_tags``: scalar tags whose last values are
+    the metrics) and the Custom Scalars layout, to every TensorBoard logger; ``params`` also go to every
+    logger's hyper-parameters (hparams.yaml)."""
+    if trainer is None:
+        return
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    for logger in trainer.loggers:
+        if not isinstance(logger, TensorBoardLogger):
+            logger.log_hyperparams(dict(params))
+    writers = tensorboard_writers(trainer)
+    if not writers:
+        return
+    from torch.utils.tensorboard.summary import custom_scalars, hparams
+
+    exp, ssi, sei = hparams(dict(params), {name: 0.0 for name in metric_tags})
+    for writer in writers:
+        file_writer = writer._get_file_writer()
+        for summary in (exp, ssi, sei):
+            file_writer.add_summary(summary)
+        if layout:
+            file_writer.add_summary(custom_scalars(dict(layout)))
+        writer.flush()
+
+
+def log_figure(trainer: Any, figure: Any, step: int, tag_name: str = FIGURE) -> bool:
+    """Add a matplotlib figure as an image to every TensorBoard logger (rank 0) and close it."""
+    import matplotlib.pyplot as plt
+
+    writers = tensorboard_writers(trainer)
+    for writer in writers:
+        writer.add_figure(tag_name, figure, global_step=step, close=False)
+    plt.close(figure)
+    return bool(writers)
+
+
+def write_text(trainer: Any, tag_name: str, text: str, step: int) -> None:
+    """Add a markdown text summary (TensorBoard's Text tab) to every TensorBoard logger (rank 0)."""
+    for writer in tensorboard_writers(trainer):
+        writer.add_text(tag_name, text, global_step=step)
+        writer.flush()
+
+
+def small_figure(nrows: int = 1, ncols: int = 1, width_in: float = 4.0, row_height_in: float = 2.8, **kwargs: Any) -> tuple[Any, Any]:
+    """A matplotlib ``Figure`` (no pyplot state) sized for a TensorBoard image card, and its axes.
+
+    TensorBoard's Images tab shows an image at its card's width (about 360 px in a 1400 px window),
+    so the figure is made that wide (4 in at 90 dpi) and matplotlib's 10 pt text stays about 12 px;
+    stack panels in rows rather than columns.
+    ``kwargs`` go to ``Figure.subplots`` (``squeeze=False`` for a 2-D array of axes).
+    """
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width_in, row_height_in * nrows), dpi=90, layout="constrained")
+    return figure, figure.subplots(nrows, ncols, **kwargs)

@@ -1,0 +1,109 @@
+#!/usr/bin/env python
+"""Screenshots of TensorBoard as a user first sees it: the opening view and the Images tab.
+
+Starts ``tensorboard`` on 127.0.0.1 (a free port) over LOGDIR, waits until its data are loaded, and
+saves what headless Chromium renders::
+
+    python scripts/tensorboard_screenshots.py lightning_logs docs/     # -> docs/tensorboard_opening.png,
+                                                                       #    docs/tensorboard_images.png
+
+Needs Debian's ``chromium`` (``apt-get install chromium``) or ``--chromium PATH``. Chromium runs with a
+fresh profile, without sandbox, GPU, network services or first-run UI, and renders for
+``--budget-ms`` of virtual time (TensorBoard's charts are drawn by JavaScript) before each screenshot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--hide-scrollbars", "--force-device-scale-factor=1",
+)
+VIEWS = {"opening": "", "images": "#images"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_runs(url: str, timeout_s: float) -> list[str]:
+    """Poll TensorBoard's run list until it is non-empty (the logdir has been read)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/data/runs", timeout=5) as response:
+                runs = json.loads(response.read())
+            if runs:
+                return runs
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"TensorBoard at {url} listed no runs within {timeout_s:.0f} s: is the logdir right?")
+
+
+def screenshot(chromium: str, url: str, path: Path, width: int, height: int, budget_ms: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="tb-chromium-") as profile:
+        command = [
+            chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
+            f"--virtual-time-budget={budget_ms}", f"--screenshot={path}", url,
+        ]
+        subprocess.run(command, check=True, capture_output=True, timeout=max(60, budget_ms // 1000 * 4))
+    if not path.exists() or path.stat().st_size == 0:
+        raise RuntimeError(f"Chromium wrote no screenshot to {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("logdir", type=Path, help="TensorBoard log directory (e.g. lightning_logs)")
+    parser.add_argument("outdir", type=Path, help="where the PNGs go")
+    parser.add_argument("--prefix", default="tensorboard_", help="file name prefix (default: tensorboard_)")
+    parser.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"))
+    parser.add_argument("--width", type=int, default=1400)
+    parser.add_argument("--height", type=int, default=1000)
+    parser.add_argument("--budget-ms", type=int, default=20000, help="virtual time for the page to render")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="how long to wait for TensorBoard")
+    args = parser.parse_args(argv)
+    if not args.chromium:
+        parser.error("no chromium found: apt-get install chromium, or pass --chromium PATH")
+    if not args.logdir.is_dir():
+        parser.error(f"{args.logdir} is not a directory")
+    args.outdir.mkdir(parents=True, exist_ok=True)
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(args.logdir), "--host", "127.0.0.1",
+         "--port", str(port), "--load_fast", "false", "--reload_interval", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        runs = wait_for_runs(url, args.timeout_s)
+        print(f"TensorBoard {url}: runs {runs}")
+        for view, fragment in VIEWS.items():
+            path = (args.outdir / f"{args.prefix}{view}.png").resolve()
+            screenshot(args.chromium, f"{url}/{fragment}", path, args.width, args.height, args.budget_ms)
+            print(f"wrote {path}")
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
