@@ -1,4 +1,5 @@
-"""``lit-constrained compare``: a tiny grid end to end (CSV, JSON, figures, table, TensorBoard, resume)."""
+"""``lit-constrained compare``: a tiny grid end to end (records, CSV, JSON, figures, tables, TensorBoard,
+resume), the budget fraction in every output, and the verdict checks on hand-built records."""
 
 from __future__ import annotations
 
@@ -7,24 +8,40 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from lit_constrained.compare import main
-from lit_constrained.compare.configs import find_config, run_config
-from lit_constrained.compare.grid import RunSpec, build_grid, parse_rho
-from lit_constrained.compare.worker import summarize
+from lit_constrained.compare.configs import config_budget, find_config, run_config
+from lit_constrained.compare.grid import RunSpec, build_grid, execution_order, parse_rho, resolve_budget
+from lit_constrained.compare.verdict import CLAIMS, Finals, least_lr_sensitive, lowest, verdict_table
+from lit_constrained.compare.worker import history_columns, history_from_columns, summarize, thin_history
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 4
+CURVE_EPOCHS = 300  # trainer.max_epochs of configs/curve/sqp_adam.yaml: the curve task's reference budget
+
+
+def _png_text(path: Path) -> str:
+    """The tEXt chunks of a PNG (matplotlib writes the title given as metadata there)."""
+    data = path.read_bytes()
+    chunks, pos = [], 8
+    while pos < len(data):
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        kind = data[pos + 4:pos + 8]
+        if kind == b"tEXt":
+            chunks.append(data[pos + 8:pos + 8 + length].decode("latin-1"))
+        pos += 12 + length
+    return "\n".join(chunks)
 
 
 def test_tiny_grid_writes_outputs_and_skips_finished_runs(tmp_path, capsys):
-    out = tmp_path / "cmp"
+    out, work = tmp_path / "cmp", tmp_path / "work"
     argv = [
         "--task", "curve", "--methods", "sqp_adam,adam_unc", "--lrs", "0.01", "--full-seeds", "1",
         "--max-epochs", str(EPOCHS), "--config-dir", str(ROOT / "configs"), "--out", str(out),
-        "--jobs", "1", "--no-progress",
+        "--work-dir", str(work), "--jobs", "1", "--no-progress",
     ]
     assert main(argv) == 0
     first = capsys.readouterr()
@@ -44,11 +61,19 @@ def test_tiny_grid_writes_outputs_and_skips_finished_runs(tmp_path, capsys):
     assert all(float(r["objective"]) == pytest.approx(float(r["test_error"])) for r in rows)
 
     # step counts: full batch on curve (256 samples, batch 256) is one optimizer step per epoch
-    results = json.loads((out / "results.json").read_text())
-    assert {r["name"] for r in results} == runs
+    summaries = json.loads((out / "results.json").read_text())
+    assert {r["name"] for r in summaries} == runs and all("history" not in r for r in summaries)
+    results = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
     for result in results:
+        result["history"] = history_from_columns(result["history_columns"])
         assert result["status"] == "ok"
+        assert result["budget"] == {"epochs": EPOCHS, "reference_epochs": CURVE_EPOCHS, "fraction": EPOCHS / CURVE_EPOCHS,
+                                    "size": "embedded", "source": str(ROOT / "configs" / "curve" / "sqp_adam.yaml")}
         assert [h["step"] for h in result["history"]] == [float(e) for e in range(1, EPOCHS + 1)]
+    # the records hold results only; configs, logs and TensorBoard events are in the work folder
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(f"{r}.json" for r in runs)
+    assert not (out / "tensorboard").exists() and not (out / "logs").exists()
+    assert sorted(p.name for p in (work / "configs").iterdir()) == sorted(f"{r}.yaml" for r in runs)
 
     # a fair comparison: the same seed gives both methods the same initial network, so the objective of
     # the first step (taken at the initial weights) is identical, and the trajectories then differ
@@ -56,23 +81,26 @@ def test_tiny_grid_writes_outputs_and_skips_finished_runs(tmp_path, capsys):
     assert by_method["sqp_adam"][0]["train_objective"] == by_method["adam_unc"][0]["train_objective"]
     assert by_method["sqp_adam"][-1]["val_objective"] != by_method["adam_unc"][-1]["val_objective"]
 
-    # figures and table
+    # figures and table, each stating the budget fraction
+    fraction_text = f"budget fraction {EPOCHS / CURVE_EPOCHS:.3g} ({EPOCHS} of {CURVE_EPOCHS} epochs)"
     for name in ("loss.png", "test_error.png", "violation.png"):
         assert (out / name).stat().st_size > 5_000
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert fraction_text in _png_text(out / name)
     table = (out / "table.md").read_text()
     assert "SQP-Adam(con)" in table and "Adam(unc)" in table and "| method |" in table
-    assert "SQP-Adam(con)" in first.out
+    assert fraction_text in table.splitlines()[0]
+    assert "SQP-Adam(con)" in first.out and fraction_text in first.err
 
     # TensorBoard: one run per grid point, named compare/<task>/<run>, with the epoch curves
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     for run in runs:
-        folder = out / "tensorboard" / "compare" / "curve" / run
+        folder = work / "tensorboard" / "compare" / "curve" / run
         acc = EventAccumulator(str(folder))
         acc.Reload()
         tags = set(acc.Tags()["scalars"])
-        assert {"epoch/val_objective", "epoch/violation_max", "val/objective"} <= tags
+        assert {"epoch/val_objective", "epoch/violation_max", "epoch/val_mse"} <= tags
         assert [e.step for e in acc.Scalars("epoch/val_objective")] == list(range(1, EPOCHS + 1))
 
     # the second invocation skips both runs and leaves their result files untouched
@@ -149,3 +177,135 @@ def test_bad_input_is_a_clear_error(tmp_path):
         run_config(RunSpec("nope", "sqp_adam", "paper", 1.0, 1e-3, "full", 0, 1), tmp_path, tmp_path, 1)
     with pytest.raises(SystemExit):
         main(["--task", "spring", "--rho", "fast", "--out", str(tmp_path)])
+
+
+def test_default_budget_is_the_paper_configs_and_every_output_states_the_fraction(tmp_path, capsys):
+    for task in ("spring", "chemistry", "burgers", "darcy"):
+        paper = yaml.safe_load((ROOT / "configs" / task / "paper" / "sqp_adam.yaml").read_text())
+        epochs, path = config_budget(ROOT / "configs", task)
+        assert (epochs, path) == (paper["trainer"]["max_epochs"], ROOT / "configs" / task / "paper" / "sqp_adam.yaml")
+    embedded = yaml.safe_load((ROOT / "configs" / "spring" / "sqp_adam.yaml").read_text())["trainer"]["max_epochs"]
+    assert config_budget(ROOT / "configs", "spring", prefer_paper=False)[0] == embedded
+
+    budget = resolve_budget(10000, "s.yaml", "paper", fraction=0.05)
+    assert budget.epochs == 500 and budget.fraction == 0.05
+    assert budget.text == "budget fraction 0.05 (500 of 10000 epochs), paper size"
+    assert resolve_budget(10000, "s.yaml", "paper", max_epochs=2500).text.startswith("budget fraction 0.25 (2500 of")
+    assert resolve_budget(300, "s.yaml", "paper", fraction=1e-9).epochs == 1
+    with pytest.raises(ValueError, match="not both"):
+        resolve_budget(10, "s.yaml", "paper", max_epochs=5, fraction=0.5)
+    with pytest.raises(ValueError, match="budget-fraction"):
+        resolve_budget(10, "s.yaml", "paper", fraction=0.0)
+
+    # no runs (--report-only): the header, the table and the verdict say the budget and size
+    common = ["--task", "spring", "--config-dir", str(ROOT / "configs"), "--report-only", "--no-progress"]
+    assert main([*common, "--out", str(tmp_path / "a")]) == 0
+    captured = capsys.readouterr()
+    assert "budget fraction 1 (10000 of 10000 epochs), paper size" in captured.err
+    assert main([*common, "--out", str(tmp_path / "b"), "--budget-fraction", "0.05"]) == 0
+    captured = capsys.readouterr()
+    assert "budget fraction 0.05 (500 of 10000 epochs), paper size" in captured.err
+    for name in ("table.md", "verdict.md"):
+        assert "budget fraction 0.05 (500 of 10000 epochs), paper size" in (tmp_path / "b" / name).read_text()
+    assert main([*common, "--out", str(tmp_path / "c"), "--embedded-configs", "--max-epochs", "50"]) == 0
+    assert f"budget fraction {50 / embedded:.3g} (50 of {embedded} epochs), embedded size" in capsys.readouterr().err
+
+
+def test_execution_order_full_batch_first_then_minibatch_seed_by_seed():
+    runs = build_grid("spring", ["sqp_adam", "adam_unc"], [5e-4, 1e-4], ["full", "minibatch"], ["paper", "full"],
+                      full_seeds=1, minibatch_seeds=3, max_epochs=10)
+    ordered = execution_order(runs)
+    assert sorted(r.name for r in ordered) == sorted(r.name for r in runs)
+    modes = [r.mode for r in ordered]
+    assert modes == sorted(modes, key=["full", "minibatch"].index)  # every full-batch run before any mini-batch
+    minibatch = [r for r in ordered if r.mode == "minibatch"]
+    assert [r.seed for r in minibatch] == sorted(r.seed for r in minibatch)
+    # within a seed: the paper's rho (and the unconstrained method) before rho = full
+    seed0 = [r.rho_variant for r in minibatch if r.seed == 0]
+    assert seed0 == sorted(seed0, key=lambda v: v == "full") and seed0.count("full") == 2
+
+
+def test_records_keep_the_validated_epochs_compactly():
+    history = [{"epoch": float(e), "step": float(e), "train_objective": 1.0 / e} for e in range(1, 1001)]
+    for record in history[9::10]:
+        record["val_objective"] = record["train_objective"] / 3
+    thinned = thin_history(history)
+    assert [int(h["epoch"]) for h in thinned] == [1] + list(range(10, 1001, 10))
+    capped = thin_history(history, max_records=11)
+    assert len(capped) == 11 and capped[0]["epoch"] == 1.0 and capped[-1]["epoch"] == 1000.0
+    columns = history_columns(thinned)
+    assert set(columns) == {"epoch", "step", "train_objective", "val_objective"}
+    assert columns["val_objective"][0] is None  # epoch 1 was not validated
+    restored = history_from_columns(columns)
+    assert [set(r) for r in restored] == [set(r) for r in thinned]
+    for a, b in zip(restored, thinned):
+        assert all(a[k] == pytest.approx(b[k], rel=1e-6) for k in a)
+
+
+def test_rho_full_keeps_the_paper_size_and_takes_the_recommended_optimizer_settings(tmp_path):
+    spec = RunSpec("darcy", "sqp_adam", "full", "full", 1e-3, "minibatch", 0, 3)
+    config = run_config(spec, ROOT / "configs", tmp_path, threads=1, prefer_paper=True)
+    recommended = yaml.safe_load((ROOT / "configs" / "darcy" / "recommended" / "sqp_adam.yaml").read_text())
+    cap = recommended["model"]["init_args"]["optimizer"]["init_args"]["max_normal_step"]
+    opt = config["model"]["init_args"]["optimizer"]["init_args"]
+    assert opt["rho"] == "full" and opt["lr"] == 1e-3 and opt["max_normal_step"] == cap
+    assert config["model"]["init_args"]["n_modes"] == [16, 16]  # the paper's FNO, not the embedded one
+    paper = run_config(RunSpec("darcy", "sqp_adam", "paper", 0.5, 1e-3, "minibatch", 0, 3), ROOT / "configs",
+                       tmp_path, threads=1, prefer_paper=True)
+    assert "max_normal_step" not in paper["model"]["init_args"]["optimizer"]["init_args"]
+
+
+def _record(method: str, variant: str, lr: float, mode: str, seed: int, losses: list[float], test: float) -> dict:
+    """A hand-built run result: the loss after each of len(losses) epochs, all validated."""
+    rho = None if method == "adam_unc" else (variant if variant == "full" else 1.0)
+    spec = RunSpec("spring", method, "-" if method == "adam_unc" else variant, rho, lr, mode, seed, len(losses))
+    history = [{"epoch": float(e), "step": float(e), "val_objective": f, "val_mse": test}
+               for e, f in enumerate(losses, 1)]
+    return {"spec": spec.to_dict(), "name": spec.name, "label": spec.label, "status": "ok", "test_metric": "mse",
+            "history": history, "summary": summarize(history, "mse")}
+
+
+def test_verdict_checks_on_known_records():
+    # full batch: SQP-Adam ends lowest at both lrs; mini-batch (2 seeds): Adam(unc) ends lowest at lr 1e-4
+    finals = {  # (mode, lr) -> method -> final loss (curves fall linearly from 1 to it over 4 epochs)
+        ("full", 5e-4): {"sqp_adam": 0.01, "sqp_heavyball": 0.3, "adam_con": 0.3, "adam_unc": 0.1},
+        ("full", 1e-4): {"sqp_adam": 0.02, "sqp_heavyball": 0.6, "adam_con": 0.5, "adam_unc": 0.4},
+        ("minibatch", 5e-4): {"sqp_adam": 0.05, "sqp_heavyball": 0.3, "adam_con": 0.3, "adam_unc": 0.1},
+        ("minibatch", 1e-4): {"sqp_adam": 0.2, "sqp_heavyball": 0.6, "adam_con": 0.5, "adam_unc": 0.15},
+    }
+    results = []
+    for (mode, lr), by_method in finals.items():
+        for method, final in by_method.items():
+            for seed in range(1 if mode == "full" else 2):
+                last = final * (1.5 if seed else 0.5) if mode == "minibatch" else final  # seed mean = final
+                results.append(_record(method, "paper", lr, mode, seed, list(np.linspace(1.0, last, 4)), last / 2))
+    paper = Finals(results, "paper")
+    assert paper.settings == [("full", 5e-4), ("full", 1e-4), ("minibatch", 5e-4), ("minibatch", 1e-4)]
+    assert paper.value(("minibatch", 1e-4), "sqp_adam", "objective") == pytest.approx(0.2)
+
+    outcome = lowest("sqp_adam", "objective")(paper)
+    assert outcome.verdict == "partly" and outcome.text.startswith("holds in 3 of 4 settings")
+    assert "mini-batch 0.0001: 0.2 vs 0.15 (Adam(unc))" in outcome.text
+    # ratios 1e-4 / 5e-4 -- full: SQP-Adam 2, HeavyBall 2, Adam(con) 1.67, Adam(unc) 4; mini-batch: 4, 2, 1.67, 1.5
+    sensitivity = least_lr_sensitive("sqp_adam", "objective")(paper)
+    assert sensitivity.verdict == "not reproduced" and "holds in 0 of 2" in sensitivity.text
+    finals[("full", 1e-4)]["sqp_adam"] = 0.011  # ratio 1.1: closest to 1, the others > 1
+    results = [r for r in results if not (r["spec"]["mode"] == "full" and r["spec"]["lr"] == 1e-4
+                                          and r["spec"]["method"] == "sqp_adam")]
+    results.append(_record("sqp_adam", "paper", 1e-4, "full", 0, list(np.linspace(1.0, 0.011, 4)), 0.0055))
+    assert least_lr_sensitive("sqp_adam", "objective")(Finals(results, "paper")).verdict == "partly"
+
+    # a setting without every method is left out and named; nothing at all is "no data"
+    partial = [r for r in results if r["spec"]["method"] != "adam_con" or r["spec"]["mode"] == "full"]
+    outcome = lowest("sqp_adam", "objective")(Finals(partial, "paper"))
+    assert outcome.text.startswith("holds in 2 of 2 settings") and "no runs yet: mini-batch 0.0005" in outcome.text
+    assert lowest("sqp_adam", "objective")(Finals([], "paper")).verdict == "no data"
+
+    # the table: one row per claim of the task, the budget in the title and in every verdict
+    table = verdict_table("spring", results, "budget fraction 0.5 (4 of 8 epochs), paper size", 24)
+    rows = [line for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == len(CLAIMS["spring"]) and all("budget fraction 0.5" in row for row in rows)
+    assert f"{len(results)} of 30 runs finished" in verdict_table("spring", results, "b", 30)
+    assert "rho = full" not in table  # no rho = full records: no such column
+    with_full = results + [_record("sqp_adam", "full", 5e-4, "full", 0, [1.0, 0.001], 1e-4)]
+    assert "| measured, rho = full |" in verdict_table("spring", with_full, "b", 24)

@@ -1,17 +1,22 @@
 """``lit-constrained compare``: the paper's optimizer comparison as a resumable, parallel grid of runs.
 
-Example (the paper's spring grid at this harness's default budget; a few minutes on 2 CPU cores)::
+By default every task runs at the paper's problem size and budget: the configs in
+``configs/<task>/paper/`` and their ``trainer.max_epochs`` (the paper's text states no epoch budget;
+:data:`~lit_constrained.compare.grid.TASKS` says per task where the number comes from). A quick run
+takes a fraction of it, and every output says which::
 
-    lit-constrained compare --task spring
-    lit-constrained compare --task spring --rho paper,full --max-epochs 2000
+    lit-constrained compare --task spring --budget-fraction 0.05          # 500 of 10000 epochs (~10 min)
+    lit-constrained compare --task spring --rho paper,full                # + the full normal step (hours)
+    lit-constrained compare --task spring --embedded-configs --max-epochs 500
     lit-constrained compare --task curve --methods sqp_adam,adam_unc --lrs 0.01 --full-seeds 1
 
-Each run is ``configs/<task>/<method>.yaml`` (else ``configs/<task>/paper/<method>.yaml``; the reverse
-with ``--paper-configs``) with the run's overrides (lr, rho, seed, batch mode,
-epochs), trained by ``lit-constrained fit`` in a worker process. Outputs go to ``results/<task>/``:
-``metrics.csv`` (tidy, per epoch), ``results.json``, ``loss.png``, ``test_error.png``,
-``violation.png``, ``table.md``, the TensorBoard runs ``tensorboard/compare/<task>/<run>``, the run
-configs (``configs/``), logs (``logs/``) and result files (``runs/``: a finished run is skipped).
+Each run is ``configs/<task>/paper/<method>.yaml`` (else ``configs/<task>/<method>.yaml``; the reverse
+with ``--embedded-configs``) with the run's overrides (lr, rho, seed, batch mode, epochs), trained by
+``lit-constrained fit`` in a worker process. Outputs go to ``--out`` (default ``results/<task>/``):
+the run records ``runs/<run>.json`` (a finished run is skipped; small enough to commit),
+``metrics.csv`` (tidy, per epoch), ``results.json``, ``loss.png``, ``test_error.png``, ``violation.png``,
+``table.md`` and ``verdict.md``; the run configs (``configs/``), logs (``logs/``) and TensorBoard runs
+``tensorboard/compare/<task>/<run>`` go to ``--work-dir`` (default: ``--out``).
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .grid import METHODS, TASKS, RunSpec, build_grid, lr_text, parse_rho, task_grid
+from .grid import METHODS, TASKS, Budget, RunSpec, build_grid, lr_text, parse_rho, resolve_budget, task_grid
 
-__all__ = ["main", "build_grid", "RunSpec", "METHODS", "TASKS"]
+__all__ = ["main", "build_grid", "resolve_budget", "Budget", "RunSpec", "METHODS", "TASKS"]
 
 
 def _floats(text: str) -> list[float]:
@@ -57,13 +62,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--full-seeds", type=int, default=1, help="seeds per full-batch setting")
     p.add_argument("--minibatch-seeds", type=int, default=5, help="seeds per mini-batch setting")
     p.add_argument("--seed-offset", type=int, default=0, help="first seed")
-    p.add_argument("--max-epochs", type=int, default=None, help="epoch budget per run (default: per task)")
+    p.add_argument("--budget-fraction", type=float, default=None,
+                   help="epochs per run as a fraction of the paper configs' budget (default 1: the paper's budget)")
+    p.add_argument("--max-epochs", type=int, default=None,
+                   help="epochs per run (instead of --budget-fraction; the fraction is still reported)")
     p.add_argument("--eval-every", type=int, default=None,
                    help="validate (objective, test error) every N epochs (default: max(1, max_epochs // 100))")
     p.add_argument("--config-dir", type=Path, default=Path("configs"), help="folder of <task>/<method>.yaml")
+    p.add_argument("--embedded-configs", action="store_true",
+                   help="take <task>/<method>.yaml (small, fast problem sizes) before <task>/paper/<method>.yaml; "
+                        "the budget fraction is then of the embedded configs' epochs")
     p.add_argument("--paper-configs", action="store_true",
-                   help="take <task>/paper/<method>.yaml before <task>/<method>.yaml (e.g. the paper's data sizes)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: results/<task>)")
+                   help="the paper's configs first (the default; kept for older command lines)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="run records, CSV, JSON, figures and tables (default: results/<task>)")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="run configs, logs and TensorBoard events (default: --out)")
     p.add_argument("--jobs", type=int, default=available_cores(), help="runs in parallel (worker processes)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / jobs)")
     p.add_argument("--isolate", action="store_true", help="a fresh process per run (default: workers are reused)")
@@ -75,11 +89,18 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``lit-constrained compare``; returns 0, or 1 when some runs failed."""
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from .configs import config_budget
     from .report import write_report
     from .runner import available_cores, run_grid
 
     grid = task_grid(args.task)
+    if args.embedded_configs and args.paper_configs:
+        parser().error("--embedded-configs and --paper-configs exclude each other.")
+    prefer_paper = not args.embedded_configs
     try:
+        reference, source = config_budget(args.config_dir, args.task, prefer_paper)
+        size = "paper" if source.parent.name == "paper" else "embedded"
+        budget = resolve_budget(reference, str(source), size, args.max_epochs, args.budget_fraction)
         rho_variants = [parse_rho(r) for r in args.rho]
         runs = build_grid(
             task=args.task,
@@ -89,33 +110,36 @@ def main(argv: list[str] | None = None) -> int:
             rho_variants=rho_variants,
             full_seeds=args.full_seeds,
             minibatch_seeds=args.minibatch_seeds,
-            max_epochs=args.max_epochs if args.max_epochs is not None else grid.max_epochs,
+            max_epochs=budget.epochs,
             seed_offset=args.seed_offset,
         )
-        eval_every = args.eval_every if args.eval_every is not None else max(1, runs[0].max_epochs // 100)
+        eval_every = args.eval_every if args.eval_every is not None else max(1, budget.epochs // 100)
         if eval_every < 1:
             raise ValueError(f"--eval-every must be >= 1, got {eval_every}.")
     except ValueError as error:
         parser().error(str(error))
     out = args.out if args.out is not None else Path("results") / args.task
+    work = args.work_dir if args.work_dir is not None else out
     threads = args.threads if args.threads is not None else max(1, available_cores() // max(1, args.jobs))
+    lrs = ", ".join(map(lr_text, sorted({r.lr for r in runs}, reverse=True)))
     print(
-        f"compare {args.task}: {len(runs)} runs ({', '.join(args.methods)}; lr {', '.join(map(lr_text, sorted({r.lr for r in runs}, reverse=True)))}; "
-        f"{runs[0].max_epochs} epochs), {args.jobs} parallel x {threads} thread(s) -> {out}",
+        f"compare {args.task}: {len(runs)} runs ({', '.join(args.methods)}; lr {lrs}); {budget.text}; "
+        f"{args.jobs} parallel x {threads} thread(s) -> {out}",
         file=sys.stderr,
     )
     failed: dict[str, str] = {}
     if not args.report_only:
         outcome = run_grid(
             runs, args.config_dir, out, args.jobs, threads, eval_every, grid.test_metric,
-            isolate=args.isolate, progress=not args.no_progress, prefer_paper=args.paper_configs,
+            isolate=args.isolate, progress=not args.no_progress, prefer_paper=prefer_paper,
+            work_dir=work, budget=budget,
         )
         failed = outcome.failed
         print(f"{len(outcome.finished)} run(s) done, {len(outcome.skipped)} skipped, {len(failed)} failed",
               file=sys.stderr)
-    paths = write_report(runs, out)
+    paths = write_report(runs, out, budget)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
-    table = paths["table"].read_text()
-    print(table)
+    print(paths["table"].read_text())
+    print(paths["verdict"].read_text())
     return 1 if failed else 0

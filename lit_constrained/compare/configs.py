@@ -84,19 +84,47 @@ def data_accepts(class_path: str, argument: str) -> bool:
     return argument in inspect.signature(cls.__init__).parameters
 
 
+def config_budget(config_dir: Path, task: str, prefer_paper: bool = True) -> tuple[int, Path]:
+    """(epochs, path): ``trainer.max_epochs`` of the task's SQP-Adam config, the reference budget.
+
+    With ``prefer_paper`` (the default) it is read from ``<task>/paper/`` (the paper configs carry the
+    paper's budget and size), else from the embedded ``<task>/`` configs.
+    """
+    path, _ = find_config(config_dir, task, "sqp_adam", prefer_paper)
+    config = yaml.safe_load(path.read_text()) or {}
+    epochs = (config.get("trainer") or {}).get("max_epochs")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"{path} has no trainer.max_epochs >= 1 (got {epochs!r}): set it, or pass --max-epochs.")
+    return epochs, path
+
+
+def _recommended_optimizer_args(config_dir: Path, task: str, method: str) -> dict[str, Any]:
+    """The optimizer settings of ``<task>/recommended/<method>.yaml`` besides lr and rho (e.g. a step cap)."""
+    path = config_dir / task / "recommended" / f"{method}.yaml"
+    if not path.exists():
+        return {}
+    config = yaml.safe_load(path.read_text()) or {}
+    model = _normalize_class(config.get("model"), f"{path}: model")
+    optimizer = model["init_args"].get("optimizer")
+    if optimizer is None:
+        return {}
+    args = dict(_normalize_class(optimizer, f"{path}: model.init_args.optimizer")["init_args"])
+    args.pop("lr", None)
+    args.pop("rho", None)
+    return args
+
+
 def run_config(
     spec: RunSpec, config_dir: Path, out_dir: Path, threads: int, eval_every: int = 1, prefer_paper: bool = False
 ) -> dict[str, Any]:
     """The full LightningCLI config dict of one run (see :func:`find_config` for ``prefer_paper``).
 
-    The ``full`` rho variant starts from ``<task>/recommended/<method>.yaml`` when it exists: the
-    recommended settings of the full normal step (e.g. Darcy's ``max_normal_step`` cap).
+    ``out_dir`` receives the run's TensorBoard logs and its temporary history file. The ``full`` rho
+    variant runs the same config (problem size, data, model) with the optimizer settings of
+    ``<task>/recommended/<method>.yaml`` where it exists: the recommended settings of the full normal
+    step besides rho (e.g. Darcy's ``max_normal_step`` cap).
     """
-    recommended = config_dir / spec.task / "recommended" / f"{spec.method}.yaml"
-    if spec.rho_variant == "full" and recommended.exists():
-        path, exact = recommended, True
-    else:
-        path, exact = find_config(config_dir, spec.task, spec.method, prefer_paper)
+    path, exact = find_config(config_dir, spec.task, spec.method, prefer_paper)
     config = yaml.safe_load(path.read_text()) or {}
     config = copy.deepcopy(config)
     method = METHODS[spec.method]
@@ -113,6 +141,8 @@ def run_config(
             )
     else:
         optimizer = {"class_path": method.class_path, "init_args": copy.deepcopy(method.init_args)}
+    if spec.rho_variant == "full":
+        optimizer["init_args"].update(_recommended_optimizer_args(config_dir, spec.task, spec.method))
     optimizer["init_args"]["lr"] = spec.lr
     if method.constrained:
         optimizer["init_args"]["rho"] = spec.rho

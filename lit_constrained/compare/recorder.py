@@ -3,9 +3,9 @@
 After every training epoch (validation has run by then) it records
 
 * ``train_objective``: the mean of the epoch's training-step objectives (the mini-batch estimates);
-* ``val_<name>`` for every ``val/<name>`` metric: ``val_objective`` (the full objective), the task's
-  test metrics and ``val_violation_max`` (the residual at all validation points), at the weights
-  reached at the end of the epoch;
+* ``val_<name>`` for every ``val/<name>`` metric (the task's test metrics), ``val_objective`` (the
+  full objective), ``val_violation_max`` (the residual at all validation points) and
+  ``val_imposed_violation``, at the weights reached at the end of the epoch (see :func:`record_key`);
 * ``violation_max``: :math:`\\max_i |c_i(x)|` of the m IMPOSED constraints at the end-of-epoch weights
   (``constraints(batch)`` on the last training batch: the constraint points are fixed);
 * ``step`` (optimizer steps so far) and ``time_per_step_s`` (the epoch's mean wall time of a training
@@ -40,12 +40,32 @@ def _number(value: Any) -> float:
         return float("nan")
 
 
-def write_json(path: str | Path, payload: Any) -> None:
+#: The module's validation tags ``<Family>/val`` and their record keys (``val/<name>`` maps to ``val_<name>``).
+VAL_FAMILIES = {"Objective": "val_objective", "residual": "val_violation_max", "Violation": "val_imposed_violation"}
+
+
+def record_key(metric: str) -> str | None:
+    """The history key of a logged validation metric, None for other metrics.
+
+    ``val/<name>`` (the task's evaluation metrics; older versions also logged ``val/objective`` and
+    ``val/violation_max`` this way) becomes ``val_<name>``; ``Objective/val`` ``val_objective``,
+    ``residual/val`` (max residual at all validation points) ``val_violation_max`` and
+    ``Violation/val`` (max |c| of the imposed constraints) ``val_imposed_violation``.
+    """
+    family, _, stage = metric.partition("/")
+    if family == "val" and stage:
+        return "val_" + stage
+    if stage == "val":
+        return VAL_FAMILIES.get(family)
+    return None
+
+
+def write_json(path: str | Path, payload: Any, indent: int | None = 1) -> None:
     """Write JSON atomically (a temporary file, then rename): readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=1, allow_nan=True))
+    tmp.write_text(json.dumps(payload, indent=indent, allow_nan=True))
     tmp.replace(path)
 
 
@@ -103,8 +123,9 @@ class EpochRecorder(pl.Callback):
             "violation_max": self._imposed_violation(pl_module),
         }
         for key, value in trainer.callback_metrics.items():
-            if self._validated and key.startswith("val/"):  # else stale values of an earlier epoch
-                record["val_" + key[len("val/"):]] = _number(value)
+            name = record_key(key)
+            if self._validated and name is not None:  # else stale values of an earlier epoch
+                record[name] = _number(value)
         self.history.append(record)
         if self.log_to_tensorboard:
             self._log(trainer, record)

@@ -1,16 +1,23 @@
-"""The comparison's outputs: a tidy CSV and a JSON of the per-epoch history, PNG figures, a markdown table.
+"""The comparison's outputs: a tidy CSV of the per-epoch history, a JSON summary, PNG figures, markdown tables.
+
+Everything is computed from the run records (``runs/<run>.json``), so ``--report-only`` redraws it
+from committed records. Every title states the budget fraction (epochs run / the paper configs' epochs)
+and the problem size.
 
 * ``metrics.csv``: one row per (run, epoch): task, method, label, rho, lr, mode, seed, run, status,
   epoch, step, ``objective`` (full objective at the end of the epoch), ``train_objective`` (mean of the
   epoch's training-step objectives), ``test_error`` (the task's test metric, named in ``test_metric``),
   ``violation_max`` (max |c| of the imposed constraints), ``val_violation_max`` (residual at all
   validation points), ``time_per_step_s``.
-* ``results.json``: every run's spec, status, summary and history.
+* ``results.json``: every run's spec, status, budget, summary and wall time (the histories are in
+  ``runs/`` and ``metrics.csv``).
 * ``loss.png`` / ``test_error.png`` / ``violation.png``: the paper's form (its Figures 1, 3, 4): one
   panel per learning rate (columns) and batch mode (rows), one line per method; several seeds give
   the mean as a solid line and a shaded band of +/- one standard deviation; log scale.
 * ``table.md``: per method, mode and lr, the final objective, test error and max |c| (mean +/- std
-  over seeds) and the mean wall time per training step.
+  over seeds) and the mean wall time per training step; the rho = "full" rows next to the paper's rho.
+* ``verdict.md``: the paper's claims about the task with what the records measure
+  (:mod:`lit_constrained.compare.verdict`).
 """
 
 from __future__ import annotations
@@ -23,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from .grid import METHODS, RunSpec, lr_text
+from .grid import METHODS, Budget, RunSpec, lr_text
 from .recorder import write_json
-from .worker import result_path
+from .verdict import verdict_table
+from .worker import load_result, result_path
 
 CSV_COLUMNS = [
     "task", "method", "label", "rho", "lr", "mode", "seed", "run", "status", "epoch", "step", "objective",
@@ -37,15 +45,32 @@ LINESTYLES = ["-", "--", ":", "-."]
 
 
 def collect(runs: list[RunSpec], out_dir: Path) -> list[dict[str, Any]]:
-    """The result files of ``runs`` that exist (in grid order)."""
-    import json
+    """The result files of ``runs`` that exist (in grid order), histories as lists of per-epoch dicts.
 
+    A result file of another budget (the run's name without its epochs) is not one of ``runs``: left out.
+    """
     results = []
     for spec in runs:
-        path = result_path(out_dir, spec)
-        if path.exists():
-            results.append(json.loads(path.read_text()))
+        result = load_result(result_path(out_dir, spec))
+        if result is not None and result.get("spec") == spec.to_dict():
+            results.append(result)
     return results
+
+
+def budget_text(results: list[dict[str, Any]], fallback: Budget | None = None) -> str:
+    """The budget statement of the records (``Budget.text``), or of ``fallback`` when they carry none."""
+    texts = []
+    for result in results:
+        budget = result.get("budget")
+        if budget:
+            texts.append(Budget(budget["epochs"], budget["reference_epochs"], budget["source"],
+                                budget.get("size", "paper")).text)
+        elif fallback is not None:
+            texts.append(fallback.text)
+    texts = list(dict.fromkeys(texts))
+    if not texts:
+        return fallback.text if fallback is not None else "budget fraction unknown"
+    return texts[0] if len(texts) == 1 else "mixed budgets: " + "; ".join(texts)
 
 
 def tidy_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -100,7 +125,10 @@ def _curve(group: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarra
 
 
 def plot(results: list[dict[str, Any]], key: str, ylabel: str, title: str, path: Path) -> bool:
-    """One panel per (mode, lr); a line (and +/- std band for several seeds) per method. False: no data."""
+    """One panel per (mode, lr); a line (and +/- std band for several seeds) per method. False: no data.
+
+    The title is also stored as the PNG's ``Title`` text chunk.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,7 +178,7 @@ def plot(results: list[dict[str, Any]], key: str, ylabel: str, title: str, path:
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Title": title})
     plt.close(fig)
     return drawn
 
@@ -197,25 +225,31 @@ def table(results: list[dict[str, Any]], task: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(runs: list[RunSpec], out_dir: Path) -> dict[str, Path]:
-    """Write the CSV, JSON, figures and table for the runs of the grid that have results."""
+def write_report(runs: list[RunSpec], out_dir: Path, budget: Budget | None = None) -> dict[str, Path]:
+    """Write the CSV, JSON, figures and tables for the runs of the grid that have results.
+
+    ``budget`` states the budget when the records carry none (records of older versions).
+    """
     results = collect(runs, out_dir)
     task = runs[0].task
+    scope = budget_text(results, budget)
     paths = {
         "csv": out_dir / "metrics.csv",
         "json": out_dir / "results.json",
         "table": out_dir / "table.md",
+        "verdict": out_dir / "verdict.md",
     }
     write_csv(tidy_rows(results), paths["csv"])
-    write_json(paths["json"], results)
+    write_json(paths["json"], [{k: v for k, v in r.items() if k != "history"} for r in results])
     paths["table"].write_text(
-        f"# {task}: final values ({len(results)} of {len(runs)} runs)\n\n" + table(results, task)
+        f"# {task}: final values ({scope}; {len(results)} of {len(runs)} runs)\n\n" + table(results, task)
     )
+    paths["verdict"].write_text(verdict_table(task, results, scope, len(runs)))
     metric = results[0]["test_metric"] if results else "test error"
     figures = {
-        "loss": ("val_objective", "objective (loss)", f"{task}: loss over epochs"),
-        "test_error": (f"val_{metric}", f"test {metric}", f"{task}: test {metric} over epochs"),
-        "violation": ("violation_max", "max |c| (imposed)", f"{task}: constraint violation over epochs"),
+        "loss": ("val_objective", "objective (loss)", f"{task}: loss over epochs\n{scope}"),
+        "test_error": (f"val_{metric}", f"test {metric}", f"{task}: test {metric} over epochs\n{scope}"),
+        "violation": ("violation_max", "max |c| (imposed)", f"{task}: constraint violation over epochs\n{scope}"),
     }
     for name, (key, ylabel, title) in figures.items():
         path = out_dir / f"{name}.png"

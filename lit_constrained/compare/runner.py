@@ -1,6 +1,8 @@
 """Run the grid: skip finished runs, execute the rest in parallel worker processes, show progress.
 
 Workers are separate processes (``spawn``), ``jobs`` at a time, each with ``threads`` torch threads.
+Runs start in :func:`~lit_constrained.compare.grid.execution_order` (full batch first, then the
+mini-batch runs seed by seed), so a grid stopped early has comparable partial results.
 A worker imports the package once and then runs grid points one after another (``isolate=True``
 gives every run a fresh process instead). Each run's result file is written when it finishes, so an
 interrupted comparison resumes where it stopped.
@@ -15,10 +17,9 @@ import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .configs import fingerprint, run_config
-from .grid import RunSpec
+from .grid import Budget, RunSpec, execution_order
 from .worker import execute, result_path
 
 
@@ -39,16 +40,12 @@ class GridOutcome:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def load_result(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def is_finished(spec: RunSpec, out_dir: Path, expected_fingerprint: str) -> bool:
     """A result file for this run exists, with the same config fingerprint."""
-    result = load_result(result_path(out_dir, spec))
+    try:
+        result = json.loads(result_path(out_dir, spec).read_text())
+    except (OSError, ValueError):
+        return False
     return bool(result) and result.get("fingerprint") == expected_fingerprint and result.get("status") in ("ok", "diverged")
 
 
@@ -63,14 +60,21 @@ def run_grid(
     isolate: bool = False,
     progress: bool = True,
     prefer_paper: bool = False,
+    work_dir: Path | None = None,
+    budget: Budget | None = None,
 ) -> GridOutcome:
-    """Execute every unfinished run of ``runs``; returns which finished, were skipped or failed."""
+    """Execute every unfinished run of ``runs``; returns which finished, were skipped or failed.
+
+    Result files go to ``out_dir/runs``; configs, logs and TensorBoard events to ``work_dir``
+    (default ``out_dir``).
+    """
     if jobs < 1 or threads < 1:
         raise ValueError(f"--jobs and --threads must be >= 1, got {jobs} and {threads}.")
     outcome = GridOutcome()
     todo: list[RunSpec] = []
-    for spec in runs:
-        expected = fingerprint(run_config(spec, config_dir, out_dir, threads, eval_every, prefer_paper))
+    work_dir = out_dir if work_dir is None else work_dir
+    for spec in execution_order(runs):
+        expected = fingerprint(run_config(spec, config_dir, work_dir, threads, eval_every, prefer_paper))
         if is_finished(spec, out_dir, expected):
             outcome.skipped.append(spec.name)
         else:
@@ -88,7 +92,7 @@ def run_grid(
     with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1 if isolate else None) as pool:
         futures = {
             pool.submit(execute, spec.to_dict(), str(config_dir), str(out_dir), threads, eval_every, test_metric,
-                        prefer_paper): spec
+                        prefer_paper, str(work_dir), budget.to_dict() if budget is not None else None): spec
             for spec in todo
         }
         for future in as_completed(futures):
@@ -97,7 +101,7 @@ def run_grid(
                 result = future.result()
             except Exception as error:  # noqa: BLE001 (reported, the grid goes on)
                 outcome.failed[spec.name] = f"{type(error).__name__}: {error}"
-                bar.write(f"FAILED {spec.name}: {type(error).__name__}: {error} (log: {out_dir / 'logs' / spec.name}.log)")
+                bar.write(f"FAILED {spec.name}: {type(error).__name__}: {error} (log: {work_dir / 'logs' / spec.name}.log)")
             else:
                 outcome.finished.append(spec.name)
                 summary = result.get("summary", {})
