@@ -209,7 +209,8 @@ class _MoMoBase(Optimizer, ABC):
     """The MoMo step shared by :class:`MoMo` and :class:`MoMoAdam` (see the module docstring)."""
 
     requires: frozenset[str] = frozenset()
-    _shared_keys: tuple[str, ...] = ("lower_bound", "estimate_lower_bound", "check_finite")
+    shared_keys: tuple[str, ...] = ("lower_bound", "estimate_lower_bound", "check_finite")
+    """Hyperparameters of the one loss model: equal in all param groups (checked at every step)."""
 
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
         super().__init__(params, defaults)
@@ -271,7 +272,7 @@ class _MoMoBase(Optimizer, ABC):
         first = self.param_groups[0]
         for i, group in enumerate(self.param_groups):
             check_lr(group["lr"])
-            for key in self._shared_keys:
+            for key in self.shared_keys:
                 if group[key] != first[key]:
                     raise ValueError(
                         f"{type(self).__name__}: param group {i} has {key}={group[key]!r} but group 0 has "
@@ -418,7 +419,7 @@ class MoMo(_MoMoBase):
         check_finite: raise on a NaN/inf loss or gradient, at the cost of one host sync per step.
     """
 
-    _shared_keys = ("momentum", "lower_bound", "estimate_lower_bound", "bias_correction", "check_finite")
+    shared_keys = ("momentum", "lower_bound", "estimate_lower_bound", "bias_correction", "check_finite")
 
     def __init__(
         self,
@@ -509,7 +510,7 @@ class MoMoAdam(_MoMoBase):
         check_finite: raise on a NaN/inf loss or gradient, at the cost of one host sync per step.
     """
 
-    _shared_keys = ("betas", "lower_bound", "estimate_lower_bound", "check_finite")
+    shared_keys = ("betas", "lower_bound", "estimate_lower_bound", "check_finite")
 
     def __init__(
         self,

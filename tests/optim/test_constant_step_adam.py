@@ -5,7 +5,6 @@ parameters, repr, schedulers, dtypes, diagnostics, sync budget) are in tests/opt
 
 from __future__ import annotations
 
-import copy
 import doctest
 
 import numpy as np
@@ -131,16 +130,6 @@ def test_lr_none_means_set_by_the_callback():
 def test_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ConstantStepAdam([torch.nn.Parameter(torch.ones(1))], **kwargs)
-
-
-def test_constraint_keywords_are_rejected_and_the_closure_value_returned():
-    p = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
-    opt = ConstantStepAdam([p], lr=0.1)
-    p.grad = torch.tensor([1.0, 2.0], dtype=torch.float64)
-    with pytest.raises(TypeError):
-        opt.step(constraints=torch.ones(3), jacobian=torch.ones(3, 2))  # not a constrained optimizer
-    assert torch.equal(p.detach(), torch.ones(2, dtype=torch.float64))
-    assert float(opt.step(closure=lambda: torch.tensor(3.5))) == 3.5
 
 
 @pytest.mark.parametrize("bias_correction", [False, True])
