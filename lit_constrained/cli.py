@@ -23,7 +23,7 @@ import lit_constrained.optim  # noqa: F401
 import lit_constrained.tasks  # noqa: F401
 from lit_constrained.callbacks.progress import LineProgress
 from lit_constrained.class_spec import TRUSTED_MODULES, check_trusted, class_paths_in
-from lit_constrained.cli_parsing import ConstrainedArgumentParser, RunConfigSaver, check_no_dropped_init_args
+from lit_constrained.cli_parsing import ConstrainedArgumentParser, RunConfigSaver
 from lit_constrained.module import ConstrainedModule
 
 COMPARE_HELP = "Re-run the papers' comparisons (task x method x lr x seed): lit-constrained compare --help"
@@ -39,13 +39,6 @@ class ConstrainedCLI(LightningCLI):
         super()._add_subcommands(parser, **kwargs)
         compare = ConstrainedArgumentParser(description=COMPARE_HELP)
         parser._subcommands_action.add_subcommand("compare", compare, help=COMPARE_HELP)
-
-    def parse_arguments(self, parser: Any, args: Any) -> None:
-        super().parse_arguments(parser, args)
-        argv = sys.argv[1:] if args is None else [str(a) for a in args] if isinstance(args, list) else []
-        error = check_no_dropped_init_args(argv)
-        if error:
-            parser.error(error)
 
     def _parse_ckpt_path(self) -> None:
         """Lightning reads ``--ckpt_path``'s hyper-parameters into the config (importing every class

@@ -11,16 +11,21 @@ optimizer arguments, and the run's resolved config saved without touching the us
 
 from __future__ import annotations
 
+import ast
+import inspect
 import logging
 import re
+import sys
 from typing import Any
 
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 
+from lit_constrained.class_spec import import_class
+
 _ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`]+)`")
 _LITERAL = re.compile(r"``([^`]+)``")
-_GREEK = re.compile(r"\\(alpha|beta|gamma|delta|epsilon|zeta|eta|theta|lambda|mu|nu|rho|sigma|tau|phi|omega)\b")
+_GREEK = re.compile(r"\\(alpha|beta|gamma|delta|epsilon|zeta|eta|theta|lambda|mu|nu|rho|sigma|tau|phi|omega)(?![a-zA-Z])")
 _TEXT = re.compile(r"\\(?:text|mathrm|operatorname)\{([^}]*)\}")
 _SYMBOLS = {r"\|": "||", r"\le": "<=", r"\ge": ">=", r"\cdot": "*", r"\_": "_", r"\,": " ", r"\sqrt": "sqrt",
             r"\top": "T", r"\hat": "", r"\min": "min", r"\max": "max", r"\infty": "inf", r"\to": "->"}
@@ -85,6 +90,18 @@ class ConstrainedArgumentParser(LightningArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("logger", _PARSE_LOGGER)
         super().__init__(*args, **kwargs)
+        self._argv: list[str] | None = None  # set for the parser the command line is given to
+
+    def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        self._argv = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        return super().parse_args(args, *rest, **kwargs)
+
+    def _parse_common(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        # the command line is parsed (class switches done), --print_config not yet answered
+        error = check_no_dropped_init_args(self._argv) if self._argv is not None else None
+        if error:
+            self.error(error)
+        return super()._parse_common(cfg, *args, **kwargs)
 
 
 def explicit_class_values(argv: list[str]) -> bool:
@@ -92,14 +109,50 @@ def explicit_class_values(argv: list[str]) -> bool:
     return any(arg.lstrip().startswith("{") and "init_args" in arg for arg in argv)
 
 
+_DISCARD = re.compile(r"class_path change from '([^']+)' to '([^']+)', discarding init_args: (\{.*\})\.?$", re.S)
+
+
+def _set_init_args(message: str) -> tuple[str, str, dict[str, Any]] | None:
+    """(old class, new class, dropped args that differ from the old class's defaults) of one report."""
+    match = _DISCARD.search(message)
+    if match is None:
+        return None
+    old, new, text = match.groups()
+    try:
+        dropped = ast.literal_eval(text)
+        defaults = inspect.signature(import_class(old)).parameters
+    except (ValueError, SyntaxError, ImportError, TypeError):
+        return old, new, {"(unparsed)": text}
+    changed = {
+        k: v for k, v in dropped.items()
+        if k not in defaults or not _same(v, defaults[k].default)
+    }
+    return (old, new, changed) if changed else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(a) == list(b)
+    return a == b
+
+
 def check_no_dropped_init_args(argv: list[str]) -> str | None:
-    """The error message if parsing dropped init args on a class switch (None if nothing was dropped)."""
+    """The error message if parsing dropped init args on a class switch that the user had set (an arg
+    dropped at its old class's default value loses nothing); None otherwise."""
     messages, DROPPED_INIT_ARGS.messages = DROPPED_INIT_ARGS.messages, []
     if not messages or explicit_class_values(argv):
         return None
+    lost: dict[tuple[str, str], dict[str, Any]] = {}
+    for message in messages:
+        found = _set_init_args(message)
+        if found is not None:
+            lost.setdefault(found[:2], {}).update(found[2])
+    if not lost:
+        return None
+    lines = [f"{new.rsplit('.', 1)[-1]} does not take {dropped} (set for {old})" for (old, new), dropped in lost.items()]
     return (
-        "Switching a class on the command line would silently drop init args the new class does not take:\n  "
-        + "\n  ".join(messages)
+        "Switching a class on the command line would silently drop init args you set:\n  "
+        + "\n  ".join(lines)
         + "\nGive the new class with all its arguments instead, e.g. "
         "--model.optimizer '{class_path: torch.optim.Adam, init_args: {lr: 0.001}}', or edit the config."
     )
