@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
+import inspect
 import os
 import warnings
 from pathlib import Path
@@ -26,7 +27,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
 
 from lit_constrained.callbacks import ConstraintViolationMonitor, LipschitzEstimator
 from lit_constrained.module import ConstrainedModule
@@ -71,20 +72,37 @@ def val_set() -> TensorDataset:
     return dataset(N_VAL, seed=12)
 
 
-class ShardTask(ConstrainedModule):
-    """Least squares on the (per-rank) batch; the network pinned to ``target`` at 3 fixed anchors.
+ANCHORS = ((0.1, 0.2), (0.5, -0.3), (-0.4, 0.7))
+PER_RANK_ROWS = 2  # constraints of BatchConstraintTask: the first rows of each rank's batch
 
-    The anchors are the same on every rank; validation reports the residual at every validation row.
+
+class ShardTask(ConstrainedModule):
+    """Least squares on the (per-rank) batch; the network pinned to ``target`` at fixed anchors
+    (the first ``anchors`` of ``ANCHORS``; 3: m not divisible by 2 ranks, 1: fewer rows than ranks).
+
+    The anchors are the same on every rank (``constraints_shared``, the default); validation reports
+    the residual at every validation row. ``jacobian_rows`` records the rows each Jacobian call made.
     """
 
-    def __init__(self, hidden: int = 6, **kwargs: Any) -> None:
+    def __init__(self, hidden: int = 6, anchors: int = 3, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.net = torch.nn.Sequential(
             torch.nn.Linear(2, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1)
         ).double()
-        anchor_x = torch.tensor([[0.1, 0.2], [0.5, -0.3], [-0.4, 0.7]], dtype=torch.float64)
+        anchor_x = torch.tensor(ANCHORS[:anchors], dtype=torch.float64)
         self.register_buffer("anchor_x", anchor_x)
         self.register_buffer("anchor_y", target(anchor_x))
+        self.jacobian_rows: list[tuple[int, int, int]] = []  # (m, start, stop)
+
+    def configure_callbacks(self) -> list[Callback]:
+        # no end-of-fit summary: FitSummary.on_fit_end reads trainer.log_dir (a broadcast) on rank 0
+        # only, which pairs with the other rank's next collective and deadlocks the next Trainer
+        return []
+
+    def constraint_jacobian(self, batch: Any, constraints: Tensor, params: Any, rows: slice | None = None) -> Tensor:
+        start, stop, _ = (rows or slice(None)).indices(constraints.numel())
+        self.jacobian_rows.append((constraints.numel(), start, stop))
+        return super().constraint_jacobian(batch, constraints, params, rows=rows)
 
     def objective(self, batch: Any) -> Tensor:
         x, y = batch
@@ -96,6 +114,49 @@ class ShardTask(ConstrainedModule):
     def validation_constraints(self, batch: Any) -> Tensor:
         x, y = batch
         return (self.net(x) - y).squeeze(-1)
+
+
+class BatchConstraintTask(ShardTask):
+    """Constraints from each rank's own batch (``constraints_shared = False``): the network pinned
+    to ``target`` at the first ``PER_RANK_ROWS`` rows of every block of ``BATCH`` rows. On a rank
+    (a batch of BATCH rows) those are its own first rows; on the 1-process union batch in rank-major
+    order (:class:`RankMajorBatches`) the same rows of every rank, in rank order: the union."""
+
+    constraints_shared = False
+
+    def constraints(self, batch: Any) -> Tensor:
+        x, _ = batch
+        block = BATCH if x.shape[0] % BATCH == 0 else x.shape[0]  # another batch (validation): its first rows
+        points = x.reshape(-1, block, 2)[:, :PER_RANK_ROWS].reshape(-1, 2)
+        return self.net(points).squeeze(-1) - target(points)
+
+
+class SharedFlagWrongTask(BatchConstraintTask):
+    """Per-rank constraints declared shared: the step must refuse (not mix rows of different points)."""
+
+    constraints_shared = True
+
+
+TASKS: dict[str, tuple[type[ShardTask], dict[str, Any]]] = {
+    "shard": (ShardTask, {}),  # m = 3 shared rows over 2 ranks: 2 + 1
+    "one_anchor": (ShardTask, {"anchors": 1}),  # m = 1 < 2 ranks: rank 1 differentiates no row
+    "per_rank": (BatchConstraintTask, {}),  # 2 rows per rank, gathered: 4 rows
+}
+JACOBIAN_OPTIMIZERS = ("sqp_adam", "sqp_heavy_ball", "adam_con")
+VARIANT_RUNS: dict[str, tuple[str, ...]] = {  # the 2-process runs beyond the main "shard" loop
+    "one_anchor": JACOBIAN_OPTIMIZERS,
+    "per_rank": tuple(OPTIMIZERS),
+}
+
+
+class RankMajorBatches(BatchSampler):
+    """The 1-process reference of a per-rank-constraint run: global batch j of a 1-replica
+    ``DistributedSampler`` (the union of the ranks' batches j, interleaved: rank r holds entries
+    r, r + W, ...) reordered rank by rank, so that the batch is rank 0's rows, then rank 1's."""
+
+    def __iter__(self) -> Any:
+        for batch in super().__iter__():
+            yield [index for r in range(WORLD) for index in batch[r::WORLD]]
 
 
 def flat_params(module: torch.nn.Module) -> Tensor:
@@ -167,15 +228,27 @@ class Recorder(Callback):
                 "constraints": outputs["constraints"].clone(),
                 "momo": _plain(state.get("momo")) if "momo" in state else None,
                 "momo_group": _plain(state.get("group0")) if "group0" in state else None,
+                "momo_tau": _momo_tau(optimizer),
             }
         )
+
+
+def _momo_tau(optimizer: Any) -> float | None:
+    """MoMo's last step size: in ``optimizer.diagnostics`` (filled on the steps asked for
+    diagnostics) or, in older layouts, in ``state["group0"]``."""
+    diagnostics = getattr(optimizer, "diagnostics", None) or {}
+    if "tau" in diagnostics:
+        return float(diagnostics["tau"])
+    group = optimizer.state.get("group0") if isinstance(optimizer.state, dict) else None
+    return float(group["tau"]) if isinstance(group, dict) and "tau" in group else None
 
 
 def callbacks_for(name: str, checkpoint_dir: str | None = None) -> list[Callback]:
     callbacks: list[Callback] = []
     if name == "constant_step_adam":
         callbacks.append(LipschitzEstimator(num_samples=3, mode="full", seed=3))
-    callbacks += [ConstraintViolationMonitor(), Recorder()]
+    names = ("max", "mean", "l1", "l2", "relative")
+    callbacks += [ConstraintViolationMonitor(names), ConstraintViolationMonitor(names, source="validation_constraints"), Recorder()]
     if checkpoint_dir is not None:
         callbacks.append(
             ModelCheckpoint(
@@ -207,28 +280,33 @@ def make_trainer(callbacks: list[Callback], devices: int, max_epochs: int = EPOC
     )
 
 
-def loaders(world: int) -> tuple[DataLoader, DataLoader]:
+def loaders(world: int, rank_major: bool = False) -> tuple[DataLoader, DataLoader]:
     """The training and validation loaders of a run on ``world`` processes.
 
     Under DDP, Lightning gives the training loader a ``DistributedSampler(shuffle=True,
     seed=PL_GLOBAL_SEED)``: per epoch e the permutation ``randperm(N, seed + e)``, rank r taking its
     entries r, r + 2, ... So global batch j is entries ``2*BATCH*j ... 2*BATCH*(j+1) - 1`` of that
     permutation, which a 1-process ``DistributedSampler(num_replicas=1)`` with batches of ``2*BATCH``
-    yields as its batch j. Validation is not shuffled: rank r gets rows r, r + 2, ...
+    yields as its batch j (``rank_major``: reordered by :class:`RankMajorBatches`). Validation is not
+    shuffled: rank r gets rows r, r + 2, ...
     """
     data = train_set()
     if world == 1:
         sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=SEED)
-        train = DataLoader(data, batch_size=BATCH * WORLD, sampler=sampler)
+        if rank_major:
+            train = DataLoader(data, batch_sampler=RankMajorBatches(sampler, BATCH * WORLD, drop_last=False))
+        else:
+            train = DataLoader(data, batch_size=BATCH * WORLD, sampler=sampler)
     else:
         train = DataLoader(data, batch_size=BATCH)
     val = DataLoader(val_set(), batch_size=N_VAL // world)
     return train, val
 
 
-def new_task(name: str) -> ShardTask:
+def new_task(name: str, variant: str = "shard") -> ShardTask:
     pl.seed_everything(SEED, verbose=False)
-    return ShardTask(optimizer=OPTIMIZERS[name])
+    kind, kwargs = TASKS[variant]
+    return kind(optimizer=OPTIMIZERS[name], **kwargs)
 
 
 def summary(trainer: pl.Trainer) -> dict[str, Any]:
@@ -244,22 +322,26 @@ def summary(trainer: pl.Trainer) -> dict[str, Any]:
     }
 
 
-def run_single(name: str, ckpt_path: str | None = None, max_epochs: int = EPOCHS) -> dict[str, Any]:
+def run_single(
+    name: str, ckpt_path: str | None = None, max_epochs: int = EPOCHS, variant: str = "shard"
+) -> dict[str, Any]:
     """The 1-process run on the union of the ranks' batches (or resumed from ``ckpt_path``)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    task = new_task(name)
+    task = new_task(name, variant)
     if ckpt_path is not None:  # rebuild task and optimizer from the checkpoint's hyper-parameters
         task = ShardTask.load_from_checkpoint(ckpt_path, weights_only=False)
     trainer = make_trainer(callbacks_for(name), devices=1, max_epochs=max_epochs)
-    train, val = loaders(world=1)
+    train, val = loaders(world=1, rank_major=not TASKS[variant][0].constraints_shared)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             trainer.fit(task, train_dataloaders=train, val_dataloaders=val, ckpt_path=ckpt_path, weights_only=False)
         finally:
             torch.set_num_threads(threads)
-    return summary(trainer)
+    out = summary(trainer)
+    out["jacobian_rows"] = task.jacobian_rows
+    return out
 
 
 def _momo_without_reduce(task: ShardTask, rank: int) -> dict[str, Tensor]:
@@ -285,10 +367,27 @@ def _momo_without_reduce(task: ShardTask, rank: int) -> dict[str, Tensor]:
             p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
             offset += p.numel()
         optimizer = MoMo(replica.parameters(), lr=1.0)
-        optimizer.step(closure=lambda value=value: value)
+        if "diagnostics" in inspect.signature(optimizer.step).parameters:
+            optimizer.step(closure=lambda value=value: value, diagnostics=True)
+        else:
+            optimizer.step(closure=lambda value=value: value)
         out[tag] = flat_params(replica)
-        out[f"{tag}_tau"] = torch.tensor(float(optimizer.state["group0"]["tau"]))
+        out[f"{tag}_tau"] = torch.tensor(_momo_tau(optimizer))
     return out
+
+
+def _refused_run() -> str:
+    """A 2-process fit of :class:`SharedFlagWrongTask`: the error message each rank raised (last:
+    Lightning's teardown after an exception leaves the process group usable, but nothing follows)."""
+    pl.seed_everything(SEED, verbose=False)
+    task = SharedFlagWrongTask(optimizer=OPTIMIZERS["sqp_adam"])
+    trainer = make_trainer(callbacks_for("sqp_adam"), devices=WORLD, max_epochs=1)
+    train, _ = loaders(world=WORLD)
+    try:
+        trainer.fit(task, train_dataloaders=train)
+    except ValueError as error:
+        return str(error)
+    return ""
 
 
 def worker(rank: int, port: int, out_dir: str) -> None:
@@ -307,8 +406,17 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         results[name] = summary(trainer)
         results[name]["world_size"] = trainer.world_size
         results[name]["global_rank"] = trainer.global_rank
+        results[name]["jacobian_rows"] = task.jacobian_rows
         if name == "momo":
             results["momo_without_reduce"] = _momo_without_reduce(task, rank)
+    for variant, names in VARIANT_RUNS.items():
+        for name in names:
+            task = new_task(name, variant)
+            trainer = make_trainer(callbacks_for(name), devices=WORLD)
+            train, val = loaders(world=WORLD)
+            trainer.fit(task, train_dataloaders=train, val_dataloaders=val)
+            results[(variant, name)] = summary(trainer) | {"jacobian_rows": task.jacobian_rows}
+    results["shared_flag_wrong"] = _refused_run()
     torch.save(results, Path(out_dir, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()

@@ -68,6 +68,15 @@ def single() -> dict[str, dict[str, Any]]:
     return {name: helpers.run_single(name) for name in NAMES}
 
 
+VARIANTS = [(variant, name) for variant, names in helpers.VARIANT_RUNS.items() for name in names]
+
+
+@pytest.fixture(scope="module")
+def single_variants() -> dict[tuple[str, str], dict[str, Any]]:
+    """The 1-process references of the variant runs (m = 1; per-rank constraints on the union)."""
+    return {key: helpers.run_single(key[1], variant=key[0]) for key in VARIANTS}
+
+
 # ---------------------------------------------------------------------------- independent re-computation
 
 
@@ -115,6 +124,16 @@ def _step_counters(state: Any) -> list[int]:
     return found
 
 
+def _metrics_by_step(run: dict[str, Any]) -> dict[tuple[int, str], float]:
+    return {(step, key): value for step, metrics in run["logs"] for key, value in metrics.items()}
+
+
+def _rel(key: str) -> float:
+    """Relative tolerance of a logged value: 1e-12 for the float64 quantities; 1e-6 for the
+    violation metrics' float32 states."""
+    return 1e-6 if key.count("/") >= 2 else 1e-12
+
+
 # ---------------------------------------------------------------------------- the tests
 
 
@@ -149,7 +168,8 @@ def test_two_processes_equal_one_process_on_the_union(
     assert len(ref["steps"]) == STEPS
     torch.testing.assert_close(run["start"]["params"], ref["start"]["params"], rtol=0, atol=0)
     for step, (a, b) in enumerate(zip(run["steps"], ref["steps"])):
-        torch.testing.assert_close(a["params"], b["params"], rtol=1e-10, atol=1e-12, msg=f"{name} step {step}")
+        torch.testing.assert_close(a["params"], b["params"], rtol=0, atol=1e-12, msg=f"{name} step {step}")
+        torch.testing.assert_close(a["constraints"], b["constraints"], rtol=0, atol=1e-12)
     if name == "constant_step_adam":  # LipschitzEstimator: alpha from L(w0) and L_hat over all ranks' data
         assert run["alpha"] == pytest.approx(ref["alpha"], rel=1e-12)
         assert run["start"]["lr"] == run["alpha"]
@@ -163,8 +183,8 @@ def test_logged_train_metrics_are_those_of_the_union(
     x, y = helpers.train_set().tensors
     batches = [rows for epoch in range(helpers.EPOCHS) for rows in _union_batches(epoch)]
     for run in (rank0, rank1):  # every rank logs the same (already reduced) values
-        objective = _logged(run, "train/objective")
-        train_logs = {step: metrics for step, metrics in run["logs"] if "train/objective" in metrics}
+        objective = _logged(run, "Objective/train")
+        train_logs = {step: metrics for step, metrics in run["logs"] if "Objective/train" in metrics}
         assert [s for s, _ in objective] == list(range(STEPS))
         for step, (_, value) in enumerate(objective):
             w = _weights_before(run, step)
@@ -175,16 +195,16 @@ def test_logged_train_metrics_are_those_of_the_union(
             assert value == pytest.approx(local_mean, rel=1e-12), f"{name} step {step}"
             c = _anchor_residuals(w).abs()
             logs = train_logs[step]
-            assert logs["train/violation_max"] == pytest.approx(float(c.max()), rel=1e-12)
-            assert logs["train/violation_mean"] == pytest.approx(float(c.mean()), rel=1e-12)
-            assert logs["train/violation_l1"] == pytest.approx(float(c.sum()), rel=1e-12)
+            assert logs["Violation/train"] == pytest.approx(float(c.max()), rel=1e-12)
             # ConstraintViolationMonitor (float32 metric states)
-            assert logs["violation/train/max"] == pytest.approx(float(c.max()), rel=1e-6)
-            assert logs["violation/train/l2"] == pytest.approx(float(c.norm()), rel=1e-6)
+            assert logs["Violation/train/max"] == pytest.approx(float(c.max()), rel=1e-6)
+            assert logs["Violation/train/mean"] == pytest.approx(float(c.mean()), rel=1e-6)
+            assert logs["Violation/train/l1"] == pytest.approx(float(c.sum()), rel=1e-6)
+            assert logs["Violation/train/l2"] == pytest.approx(float(c.norm()), rel=1e-6)
             c0 = _anchor_residuals(run["start"]["params"]).norm()
-            assert logs["violation/train/relative"] == pytest.approx(float(c.norm() / c0), rel=1e-6)
-    ref = dict((s, v) for s, v in _logged(single[name], "train/objective"))
-    assert [v for _, v in _logged(rank0, "train/objective")] == pytest.approx([ref[s] for s in range(STEPS)], rel=1e-10)
+            assert logs["Violation/train/relative"] == pytest.approx(float(c.norm() / c0), rel=1e-6)
+    ref = dict((s, v) for s, v in _logged(single[name], "Objective/train"))
+    assert [v for _, v in _logged(rank0, "Objective/train")] == pytest.approx([ref[s] for s in range(STEPS)], rel=1e-10)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -192,10 +212,15 @@ def test_validation_metrics_are_exact_over_the_whole_validation_set(
     ddp: dict[str, Any], single: dict[str, dict[str, Any]], name: str
 ) -> None:
     x, y = helpers.val_set().tensors
-    keys = ("val/objective", "val/violation_max", "violation/val/max", "violation/val/mean",
-            "violation/val/l1", "violation/val/l2", "violation/val/relative")
+    keys = ("Objective/val", "residual/val", "residual/val/max", "residual/val/mean",
+            "residual/val/l1", "residual/val/l2", "residual/val/relative")
     for run in (*(r[name] for r in ddp["ranks"]), single[name]):
-        records = [(s, m) for s, m in run["logs"] if "val/objective" in m]
+        # the validation at the start (step 0, written directly: no "epoch") is at the initial weights
+        (start,) = [m for s, m in run["logs"] if "Objective/val" in m and "epoch" not in m]
+        r = _forward(run["start"]["params"], x) - y[:, 0]
+        assert start["Objective/val"] == pytest.approx(float(r.pow(2).mean()), rel=1e-10), name
+        assert start["residual/val"] == pytest.approx(float(r.abs().max()), rel=1e-10), name
+        records = [(s, m) for s, m in run["logs"] if "Objective/val" in m and "epoch" in m]
         assert len(records) == helpers.EPOCHS, name
         r0 = None
         for epoch, (_, metrics) in enumerate(records):
@@ -204,13 +229,14 @@ def test_validation_metrics_are_exact_over_the_whole_validation_set(
             r = _forward(w, x) - y[:, 0]  # residual at all N_VAL rows (each rank saw half)
             r0 = r.norm() if r0 is None else r0
             a = r.abs()
-            assert metrics["val/objective"] == pytest.approx(float(r.pow(2).mean()), rel=1e-10), name
-            assert metrics["val/violation_max"] == pytest.approx(float(a.max()), rel=1e-10), name
-            assert metrics["violation/val/max"] == pytest.approx(float(a.max()), rel=1e-6), name
-            assert metrics["violation/val/mean"] == pytest.approx(float(a.mean()), rel=1e-6), name
-            assert metrics["violation/val/l1"] == pytest.approx(float(a.sum()), rel=1e-6), name
-            assert metrics["violation/val/l2"] == pytest.approx(float(r.norm()), rel=1e-6), name
-            assert metrics["violation/val/relative"] == pytest.approx(float(r.norm() / r0), rel=1e-6), name
+            assert metrics["Objective/val"] == pytest.approx(float(r.pow(2).mean()), rel=1e-10), name
+            assert metrics["residual/val"] == pytest.approx(float(a.max()), rel=1e-10), name
+            assert metrics["Violation/val"] == pytest.approx(float(_anchor_residuals(w).abs().max()), rel=1e-10), name
+            assert metrics["residual/val/max"] == pytest.approx(float(a.max()), rel=1e-6), name
+            assert metrics["residual/val/mean"] == pytest.approx(float(a.mean()), rel=1e-6), name
+            assert metrics["residual/val/l1"] == pytest.approx(float(a.sum()), rel=1e-6), name
+            assert metrics["residual/val/l2"] == pytest.approx(float(r.norm()), rel=1e-6), name
+            assert metrics["residual/val/relative"] == pytest.approx(float(r.norm() / r0), rel=1e-6), name
         assert set(keys) <= set(records[-1][1]), name
 
 
@@ -228,7 +254,7 @@ def test_momo_steps_with_the_rank_mean_loss(
         # the loss average and f* equal those of the 1-process run, whose loss is the union mean
         for key in ("loss_avg", "gamma", "lower_bound"):
             assert a["momo"][key] == pytest.approx(ref["momo"][key], rel=1e-10, abs=1e-14), (step, key)
-        taus.append(a["momo_group"]["tau"])
+        taus.append(a["momo_tau"])
     # the adaptive (loss-dependent) branch of tau = min(lr, ...) was active, so the loss mattered
     assert min(taus) < 0.5 * lr
 
@@ -288,3 +314,71 @@ def test_a_resume_with_fresh_optimizer_state_would_differ(ddp: dict[str, Any]) -
     fresh = helpers.flat_params(task)
     continued = run["steps"][saved_step]["params"]
     assert (fresh - continued).abs().max() > 1e-6
+
+
+# ---------------------------------------------------------------------------- the row-sharded Jacobian
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_rank_differentiates_only_its_share_of_the_rows(
+    ddp: dict[str, Any], single: dict[str, dict[str, Any]], name: str
+) -> None:
+    """m = 3 shared rows over 2 ranks: rank 0 differentiates rows 0:2, rank 1 row 2:3 (one process: all 3)."""
+    calls = [r[name]["jacobian_rows"] for r in ddp["ranks"]]
+    if name not in helpers.JACOBIAN_OPTIMIZERS:  # the optimizer needs no J: none is computed
+        assert calls == [[], []] and single[name]["jacobian_rows"] == []
+        return
+    assert calls[0] == [(3, 0, 2)] * STEPS and calls[1] == [(3, 2, 3)] * STEPS
+    assert single[name]["jacobian_rows"] == [(3, 0, 3)] * STEPS
+
+
+@pytest.mark.parametrize("variant,name", VARIANTS)
+def test_variant_two_processes_equal_one_process(
+    ddp: dict[str, Any], single_variants: dict[tuple[str, str], dict[str, Any]], variant: str, name: str
+) -> None:
+    """m = 1 < 2 ranks (rank 1 differentiates no row), and per-rank constraints (the union of the
+    ranks' rows, 4, as one process imposes on the union batch): bit-identical replicas, the 1-process
+    weights, constraints and logged metrics at every step."""
+    rank0, rank1 = (r[(variant, name)] for r in ddp["ranks"])
+    ref = single_variants[(variant, name)]
+    m = {"one_anchor": 1, "per_rank": helpers.WORLD * helpers.PER_RANK_ROWS}[variant]
+    assert len(rank0["steps"]) == len(ref["steps"]) == STEPS
+    for step, (a, b, r) in enumerate(zip(rank0["steps"], rank1["steps"], ref["steps"])):
+        assert torch.equal(a["params"], b["params"]) and torch.equal(a["constraints"], b["constraints"])
+        assert a["constraints"].numel() == r["constraints"].numel() == m
+        torch.testing.assert_close(a["params"], r["params"], rtol=0, atol=1e-12, msg=f"{variant} {name} step {step}")
+        torch.testing.assert_close(a["constraints"], r["constraints"], rtol=0, atol=1e-12)
+    moved = (rank0["steps"][-1]["params"] - rank0["start"]["params"]).abs().max()
+    assert moved > 1e-3
+    for step, (a, r) in enumerate(zip(rank0["steps"], ref["steps"])):
+        assert a["objective"] == pytest.approx(r["objective"], rel=1e-12), step
+    # every metric the logger received: the same keys at the same steps, the same values
+    logged, logged_ref = _metrics_by_step(rank0), _metrics_by_step(ref)
+    assert sorted(logged) == sorted(logged_ref)
+    for key, value in logged.items():
+        assert value == pytest.approx(logged_ref[key], rel=_rel(key[1]), abs=1e-14), key
+    if name in helpers.JACOBIAN_OPTIMIZERS:
+        rows = {"one_anchor": [[(1, 0, 1)], [(1, 1, 1)]], "per_rank": [[(2, 0, 2)], [(2, 0, 2)]]}[variant]
+        assert [rank0["jacobian_rows"], rank1["jacobian_rows"]] == [r * STEPS for r in rows]
+
+
+def test_per_rank_constraints_are_those_of_each_ranks_own_batch(ddp: dict[str, Any]) -> None:
+    """The gathered c (4 rows) is rank 0's two rows then rank 1's, each at that rank's own batch:
+    recomputed by hand at the weights before the step, from the sampler's permutation."""
+    run = ddp["ranks"][0][("per_rank", "sqp_adam")]
+    x, _ = helpers.train_set().tensors
+    batches = [rows for epoch in range(helpers.EPOCHS) for rows in _union_batches(epoch)]
+    for step, record in enumerate(run["steps"][:-1]):
+        w = run["steps"][step]["params"]  # c logged at step+1 is evaluated at the weights after step
+        rows = batches[step + 1]
+        points = torch.cat([x[rows[r::helpers.WORLD][: helpers.PER_RANK_ROWS]] for r in range(helpers.WORLD)])
+        exact = torch.sin(2.0 * points[:, 0]) * torch.cos(points[:, 1])
+        expected = _forward(w, points) - exact
+        torch.testing.assert_close(run["steps"][step + 1]["constraints"], expected, rtol=1e-12, atol=1e-14)
+        del record
+
+
+def test_constraints_differing_across_ranks_while_declared_shared_are_refused(ddp: dict[str, Any]) -> None:
+    for rank in ddp["ranks"]:
+        message = rank["shared_flag_wrong"]
+        assert "differs across ranks" in message and "constraints_shared = False" in message, message
