@@ -21,9 +21,9 @@ from .metrics.functional import violation_l1, violation_max, violation_mean
 from .stepping import NonFinitePolicy, StepResult, TrainingStepper, check_constraints, check_objective
 
 
-DEFAULT_OPTIMIZER: dict[str, Any] = {"class_path": "lit_constrained.optim.SQPAdam", "init_args": {"lr": 1e-3}}
-"""The optimizer when none is given: SQP-Adam at lr = 1e-3 with the class's other defaults (the full
-normal step, ``rho="full"``, with the class's default safeguard)."""
+DEFAULT_OPTIMIZER: dict[str, Any] = {"class_path": "lit_constrained.optim.SQPAdam", "init_args": {}}
+"""The optimizer when none is given: SQP-Adam with the class's defaults (lr = 1e-3, the full normal
+step ``rho="full"`` and its default safeguard, ``max_normal_step``)."""
 
 
 def default_optimizer(params: Iterable) -> Optimizer:
@@ -71,7 +71,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
         optimizer: the optimizer class and its arguments: a class (``torch.optim.Adam``),
             ``functools.partial(SQPAdam, lr=1e-2)``, a dict ``{"class_path": ..., "init_args": {...}}``,
             or in a config ``class_path: lit_constrained.optim.SQPAdam`` with ``init_args: {lr: ...}``.
-            Default: :data:`DEFAULT_OPTIMIZER` (SQP-Adam, lr = 1e-3, the full normal step). It is
+            Default: :data:`DEFAULT_OPTIMIZER` (SQP-Adam with its class defaults). It is
             stored in the hyper-parameters as that plain dict, so ``load_from_checkpoint`` rebuilds it
             from a ``weights_only=True`` load; a lambda or closure is rejected here (it is code, not data).
         lr_scheduler: optional scheduler class and arguments, in the same forms (it receives the
