@@ -71,10 +71,10 @@ class Recorder(Callback):
         self.rows.append(
             {
                 "epoch": trainer.current_epoch + 1,
-                "objective": float(metrics["val/objective"]),
+                "objective": float(metrics["Objective/val"]),
                 "test_mse": float(metrics["val/mse"]),
                 "violation_constraints": float(constraints),
-                "violation_all": float(metrics["val/violation_max"]),
+                "violation_all": float(metrics["residual/val"]),
             }
         )
 

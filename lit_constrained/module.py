@@ -17,7 +17,11 @@ from torch.optim import Optimizer
 
 from .class_spec import TRUSTED_MODULES, SpecFactory, as_class_spec, check_trusted
 from .optim.jacobian import JacobianMethod, constraint_jacobian
-from .metrics.functional import violation_l1, violation_max, violation_mean
+from .callbacks.monitoring import (
+    DIAGNOSTICS, OBJECTIVE, REDUNDANT_DIAGNOSTICS, RESIDUAL, VIOLATION, VaryingScalars, headline_tags, log_figure,
+    run_hparams, scalar_layout, tag, tensorboard_writers, write_scalars, write_summary, write_text,
+)
+from .metrics.functional import violation_max
 from .stepping import NonFinitePolicy, StepResult, TrainingStepper, check_constraints, check_objective
 
 
@@ -135,6 +139,16 @@ class ConstrainedModule(pl.LightningModule, ABC):
         """Task metrics at validation/test (e.g. test MSE); logged as ``<stage>/<name>``."""
         return {}
 
+    def prediction_figure(self) -> Any | None:
+        """A matplotlib figure of the current prediction (None: no figure, the default).
+
+        Logged as the ``prediction`` image at every validation (and at step 0), so TensorBoard's image
+        slider shows training progress. Read data from ``self.trainer.datamodule``; keep it small with
+        large fonts (TensorBoard shows images about 400 px wide) and title it with the scalar names it
+        matches (e.g. ``val/mse``).
+        """
+        return None
+
     constraints_shared: bool = True
     """Whether :meth:`constraints` returns the SAME m residuals on every data-parallel rank (fixed
     constraint points, as in every task of the package). Then each rank differentiates only its
@@ -169,7 +183,14 @@ class ConstrainedModule(pl.LightningModule, ABC):
         if precision.startswith("16"):
             raise ValueError(
                 f"precision={precision!r} is not supported: fp16 AMP's grad scaler cannot carry a "
-                "constraint Jacobian. Use precision='bf16-mixed' or '32-true'."
+                "constraint Jacobian. Use precision='bf16-mixed' (the constraints and their Jacobian are "
+                "then evaluated in float32) or '32-true'."
+            )
+        if precision == "bf16-true":
+            raise ValueError(
+                "precision='bf16-true' is not supported: bfloat16 parameters and residuals (8 significant "
+                "bits) cap the constraint violation near 1e-3. Use precision='bf16-mixed' (constraints and "
+                "their Jacobian in float32) or '32-true'."
             )
         strategy = type(trainer.strategy).__name__
         if "FSDP" in strategy or "DeepSpeed" in strategy:
@@ -195,6 +216,61 @@ class ConstrainedModule(pl.LightningModule, ABC):
         scheduler = self.lr_scheduler_factory(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    # ----------------------------------------------------------------- logging (what TensorBoard shows)
+    # Tag families: see lit_constrained.callbacks.monitoring. Objective/<stage> and Violation/<stage>
+    # (max |c| of the imposed constraints) are the two groups TensorBoard opens with; residual/<stage>
+    # is the residual over every point of validation_constraints(); optim/<name> the diagnostics that vary.
+
+    #: validate once before the first update (logged at step 0), so val curves start where train does
+    validate_at_start: bool = True
+
+    def _step_index(self) -> int:
+        """s, the number of optimizer steps taken before this batch: the x value Lightning gives the
+        values logged in this training step (they are those at the weights x_s, before update s+1)."""
+        loop = self.trainer.fit_loop.epoch_loop
+        return int(getattr(loop, "_batches_that_stepped", self.trainer.global_step))
+
+    def is_logging_step(self) -> bool:
+        """Whether the logger writes this batch's values (Lightning's ``log_every_n_steps`` cadence).
+
+        Step diagnostics and the progress-bar values are made only on these steps: reading a tensor's
+        value on the host (``float(t)``) waits for the device."""
+        n = self.trainer.log_every_n_steps
+        return bool(n) and (self._step_index() + 1) % n == 0
+
+    def _has_constraints(self) -> bool:
+        return type(self).constraints is not ConstrainedModule.constraints
+
+    def _has_residual(self) -> bool:
+        """Whether validation_constraints() measures more than the imposed constraints."""
+        return type(self).validation_constraints is not ConstrainedModule.validation_constraints
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        # the module writes real HParams metrics (on_train_start): no constant hp_metric placeholder
+        for logger in self.trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger._default_hp_metric = False
+        self._varying = VaryingScalars()
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        trainer = self.trainer
+        optimizer = self.optimizers().optimizer
+        schedulers = trainer.lr_scheduler_configs
+        scheduler = schedulers[0].scheduler if schedulers else None
+        has_constraints, has_residual = self._has_constraints(), self._has_residual()
+        write_summary(
+            trainer,
+            run_hparams(self, optimizer, scheduler),
+            headline_tags(has_constraints, has_residual),
+            scalar_layout(has_constraints, has_residual),
+        )
+        if trainer.global_step == 0 and self.validate_at_start:
+            self._validate_at_start()
+
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
         result = self.stepper.step(self, batch)
         self.last_step = result
@@ -202,47 +278,145 @@ class ConstrainedModule(pl.LightningModule, ABC):
         return {"objective": result.objective, "constraints": result.constraints}
 
     def _log_step(self, result: StepResult) -> None:
-        # values are identical on every rank (reduced in the step): no sync needed. The progress bar
-        # pair every step; the rest only on the steps the logger writes (self.log costs ~0.1 ms a call)
-        self.log("train/objective", result.objective, prog_bar=True)
+        # f and c are those at x_s (before this step's update) and identical on every rank (reduced in
+        # the step): no sync_dist. Logged (progress bar included) only on the logger's steps, where
+        # Lightning turns them into Python numbers; step 0 (the start) is written directly.
         c = result.constraints
         has_constraints = c is not None and c.numel() > 0
-        if has_constraints:
-            self.log("train/violation_max", violation_max(c), prog_bar=True)
-        trainer = self.trainer
-        if trainer.log_every_n_steps and trainer.global_step % trainer.log_every_n_steps == 0:
+        if self.is_logging_step():
+            self.log(tag(OBJECTIVE, "train"), result.objective, prog_bar=True)
             if has_constraints:
-                self.log("train/violation_mean", violation_mean(c))
-                self.log("train/violation_l1", violation_l1(c))
+                self.log(tag(VIOLATION, "train"), violation_max(c), prog_bar=True)
             self._log_diagnostics()
+        elif self._step_index() == 0:
+            start = {tag(OBJECTIVE, "train"): float(result.objective)}
+            if has_constraints:
+                start[tag(VIOLATION, "train")] = float(violation_max(c))
+            write_scalars(self.trainer, start, step=0)
 
     def _log_diagnostics(self) -> None:
+        """The optimizer's step diagnostics (0-dim values) and lr, under ``optim/<name>``, each only
+        once it has varied (constants go to the run's text summary at the end of fit); diagnostics that
+        repeat another chart (``REDUNDANT_DIAGNOSTICS``) are left out. One host sync for all."""
         optimizer = self.optimizers().optimizer
-        diagnostics = optimizer.state.get("diagnostics", {}) if isinstance(optimizer.state, dict) else {}
+        diagnostics = getattr(optimizer, "diagnostics", None)
+        if diagnostics is None:
+            state = optimizer.state if isinstance(optimizer.state, dict) else {}
+            diagnostics = state.get("diagnostics", {})
+        names: list[str] = []
+        values: list[Tensor] = []
         for key, value in diagnostics.items():
-            if isinstance(value, Tensor) and value.numel() != 1:
+            if key in REDUNDANT_DIAGNOSTICS or (isinstance(value, Tensor) and value.numel() != 1):
                 continue
-            value = float(value)
-            if math.isfinite(value):
-                self.log(f"optim/{key}", value)
-        self.log("optim/lr", float(optimizer.param_groups[0]["lr"]))
+            if isinstance(value, (Tensor, int, float)):
+                names.append(key)
+                values.append(torch.as_tensor(value).detach().reshape(()).to("cpu" if not isinstance(value, Tensor) else value.device, torch.float64))
+        names.append("lr")
+        lr = optimizer.param_groups[0]["lr"]
+        values.append(torch.as_tensor(lr, dtype=torch.float64).reshape(()).to(values[0].device if values else "cpu"))
+        numbers = torch.stack(values).tolist()  # the one host sync
+        finite = {f"{DIAGNOSTICS}/{k}": v for k, v in zip(names, numbers) if math.isfinite(v)}
+        if getattr(self, "_varying", None) is None:
+            self._varying = VaryingScalars()
+        for step, metrics in self._varying.update(self._step_index(), finite):
+            write_scalars(self.trainer, metrics, step)
 
-    def _evaluation_step(self, batch: Any, stage: str) -> dict[str, Tensor | None]:
+    def _evaluate(self, batch: Any, stage: str) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, Tensor]]:
+        """f, the imposed constraints c, the residual over all points (None unless the task overrides
+        validation_constraints) and the task's metrics on one evaluation batch."""
         # residuals need input derivatives: leave Lightning's inference mode for this step
         with torch.inference_mode(False), torch.enable_grad():
             batch = _clone_tensors(batch)
             name = type(self).__name__
             f = check_objective(self.objective(batch), f"{name}.objective()")
-            c = check_constraints(self.validation_constraints(batch), f"{name}.validation_constraints()", None, False)
+            c = check_constraints(self.constraints(batch), f"{name}.constraints()", None, False)
+            r = None
+            if self._has_residual():
+                r = check_constraints(self.validation_constraints(batch), f"{name}.validation_constraints()", None, False)
             metrics = self.evaluation_metrics(batch, stage)
+        detach = lambda t: None if t is None else t.detach()  # noqa: E731
+        return f.detach(), detach(c), detach(r), {k: detach(v) if isinstance(v, Tensor) else v for k, v in metrics.items()}
+
+    def _evaluation_step(self, batch: Any, stage: str) -> dict[str, Tensor | None]:
+        f, c, r, metrics = self._evaluate(batch, stage)
         # each evaluation batch weighs the same in the epoch mean (batch_size=1 says so to Lightning)
-        self.log(f"{stage}/objective", f.detach(), sync_dist=True, batch_size=1)
-        for key, value in metrics.items():
-            value = value.detach() if isinstance(value, Tensor) else value
-            self.log(f"{stage}/{key}", value, sync_dist=True, batch_size=1)
+        self.log(tag(OBJECTIVE, stage), f, sync_dist=True, batch_size=1)
         if c is not None and c.numel():
-            self.log(f"{stage}/violation_max", violation_max(c), sync_dist=True, reduce_fx="max", batch_size=1)
-        return {"objective": f.detach(), "constraints": None if c is None else c.detach()}
+            self.log(tag(VIOLATION, stage), violation_max(c), sync_dist=True, reduce_fx="max", batch_size=1)
+        if r is not None and r.numel():
+            self.log(tag(RESIDUAL, stage), violation_max(r), sync_dist=True, reduce_fx="max", batch_size=1)
+        for key, value in metrics.items():
+            self.log(f"{stage}/{key}", value, sync_dist=True, batch_size=1)
+        return {"objective": f, "constraints": c, "validation_constraints": r}
+
+    def _validate_at_start(self) -> None:
+        """The validation values at the initial weights, written at step 0 (the headline tags and the
+        task metrics; reduced over the ranks: mean of the batch means, max of the maxima)."""
+        trainer = self.trainer
+        datamodule = getattr(trainer, "datamodule", None)
+        loaders: Any = None
+        if datamodule is not None and type(datamodule).val_dataloader is not pl.LightningDataModule.val_dataloader:
+            loaders = datamodule.val_dataloader()
+        elif trainer.val_dataloaders is not None:
+            loaders = trainer.val_dataloaders
+        if loaders is None or trainer.limit_val_batches == 0:
+            return
+        loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+        sums: dict[str, Tensor] = {}
+        maxima: dict[str, Tensor] = {}
+        batches = 0
+        was_training = self.training
+        self.eval()
+        try:
+            for index, loader in enumerate(loaders):
+                for batch in loader:
+                    batch = trainer.strategy.batch_to_device(batch, dataloader_idx=index)
+                    f, c, r, metrics = self._evaluate(batch, "val")
+                    batches += 1
+                    for key, value in {tag(OBJECTIVE, "val"): f, **{f"val/{k}": v for k, v in metrics.items()}}.items():
+                        value = torch.as_tensor(value, dtype=torch.float64, device=f.device)
+                        sums[key] = sums.get(key, 0.0) + value
+                    for key, value in ((tag(VIOLATION, "val"), c), (tag(RESIDUAL, "val"), r)):
+                        if value is not None and value.numel():
+                            peak = violation_max(value).double()
+                            maxima[key] = torch.maximum(maxima[key], peak) if key in maxima else peak
+        finally:
+            self.train(was_training)
+        if not batches:
+            return
+        names = list(sums) + list(maxima)
+        means = trainer.strategy.reduce(torch.stack([sums[k] for k in sums]) / batches, reduce_op="mean")
+        peaks = torch.stack([maxima[k] for k in maxima]) if maxima else means.new_zeros(0)
+        peaks = trainer.strategy.all_gather(peaks).reshape(-1, len(maxima)).amax(0) if maxima else peaks
+        numbers = torch.cat([means.reshape(-1), peaks.reshape(-1)]).tolist()
+        write_scalars(trainer, dict(zip(names, numbers)), step=0)
+        self._log_prediction_figure(step=0)
+
+    def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
+        if not self.trainer.sanity_checking:
+            self._log_prediction_figure(step=self._step_index())
+
+    def _log_prediction_figure(self, step: int) -> None:
+        if not tensorboard_writers(self.trainer):
+            return
+        figure = self.prediction_figure()
+        if figure is not None:
+            log_figure(self.trainer, figure, step)
+
+    def on_fit_end(self) -> None:
+        super().on_fit_end()
+        constants = getattr(self, "_varying", None)
+        constants = constants.constants() if constants is not None else {}
+        if not constants:
+            return
+        m = None if self.last_step is None or self.last_step.constraints is None else self.last_step.constraints.numel()
+        rows = [f"| {name} | {value:.6g} |" for name, value in sorted(constants.items())]
+        text = "Optimizer diagnostics that stayed constant during the run (not charted):\n\n| name | value |\n|---|---|\n"
+        text += "\n".join(rows)
+        if m is not None:
+            text += f"\n\nm = {m} imposed constraints."
+        write_text(self.trainer, "run/constants", text, step=self.trainer.global_step)
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
         return self._evaluation_step(batch, "val")
@@ -289,6 +463,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
         for name, tensor in checkpoint.get("state_dict", {}).items():
             if isinstance(tensor, Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise FloatingPointError(f"Refusing to write a checkpoint: parameter {name!r} holds NaN/inf.")
+
 
 def _check_class_paths(checkpoint_path: str | Path | IO, trusted: tuple[str, ...]) -> str | Path | IO:
     """Check the class paths of a checkpoint's hyper-parameters (a ``weights_only=True`` read); the

@@ -313,4 +313,4 @@ def test_validation_logs_task_metrics_with_input_derivatives_available():
     trainer = quiet_trainer(max_steps=2)
     trainer.fit(model, CurveData(num_samples=8, batch_size=8))
     result = trainer.validate(model, CurveData(num_samples=8, batch_size=8), verbose=False)[0]
-    assert {"val/objective", "val/mse", "val/violation_max"} <= set(result)
+    assert {"Objective/val", "val/mse", "Violation/val"} <= set(result)

@@ -37,7 +37,7 @@ from torch import Tensor
 __all__ = [
     "OBJECTIVE", "VIOLATION", "RESIDUAL", "DIAGNOSTICS", "FIGURE", "tag", "headline_tags", "scalar_layout",
     "run_hparams", "VaryingScalars", "tensorboard_writers", "write_scalars", "write_summary", "log_figure",
-    "REDUNDANT_DIAGNOSTICS", "write_text", "small_figure",
+    "REDUNDANT_DIAGNOSTICS", "write_text", "small_figure", "run_name", "next_version", "default_logger",
 ]
 
 OBJECTIVE = "Objective"
@@ -230,3 +230,42 @@ def small_figure(nrows: int = 1, ncols: int = 1, width_in: float = 4.0, row_heig
 
     figure = Figure(figsize=(width_in, row_height_in * nrows), dpi=90, layout="constrained")
     return figure, figure.subplots(nrows, ncols, **kwargs)
+
+
+def run_name(module: Any) -> str:
+    """``<task>/<Optimizer>`` of a ConstrainedModule, e.g. ``spring/SQPAdam`` (the task's class name in
+    lower case, the optimizer's class name from its saved class path)."""
+    task = type(module).__name__.lower()
+    spec = (getattr(module, "hparams", None) or {}).get("optimizer")
+    if isinstance(spec, Mapping) and spec.get("class_path"):
+        optimizer = str(spec["class_path"]).rsplit(".", 1)[-1]
+    else:
+        factory = getattr(module, "optimizer_factory", None)
+        optimizer = getattr(getattr(factory, "func", factory), "__name__", "optimizer")
+    return f"{task}/{optimizer}"
+
+
+def next_version(directory: str) -> int:
+    """One more than the largest ``version_<n>`` under ``directory`` (0 when there is none)."""
+    import os
+
+    numbers = []
+    if os.path.isdir(directory):
+        for entry in os.listdir(directory):
+            head, _, number = entry.partition("_")
+            if head == "version" and number.isdigit() and os.path.isdir(os.path.join(directory, entry)):
+                numbers.append(int(number))
+    return max(numbers) + 1 if numbers else 0
+
+
+def default_logger(module: Any, root_dir: str | None = None) -> Any:
+    """The CLI's default logger: TensorBoard under ``<root_dir>/lightning_logs/<task>/<Optimizer>/
+    version_<nnn>`` (zero-padded, so runs sort in order), without Lightning's ``hp_metric`` placeholder."""
+    import os
+
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    save_dir = os.path.join(root_dir or os.getcwd(), "lightning_logs")
+    name = run_name(module)
+    version = f"version_{next_version(os.path.join(save_dir, name)):03d}"
+    return TensorBoardLogger(save_dir, name=name, version=version, default_hp_metric=False)

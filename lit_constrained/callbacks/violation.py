@@ -196,7 +196,7 @@ class ConstraintViolationMonitor(Callback):
                 on_step=False,
                 on_epoch=True,
                 prog_bar=self.prog_bar,
-                metric_attribute=f"violation_monitor.{key}.{name}",
+                metric_attribute=f"violation_monitor.{self.family}.{key}.{name}",
             )
 
     def on_validation_batch_end(

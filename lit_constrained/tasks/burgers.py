@@ -23,9 +23,9 @@ condition (an empty subset contributes 0). The hard constraints are the residual
 training rows, :math:`c(\theta) = (r_\theta(z_1), \dots, r_\theta(z_m)) = 0`.
 
 Test metric: the relative L2 error :math:`\|u_\theta - u\|_2 / \|u\|_2` over all grid rows of the
-held-out initial conditions (``val/rel_l2``, ``test/rel_l2``). At the end of fit a figure of the
+held-out initial conditions (``val/rel_l2``, ``test/rel_l2``). At every validation a figure of the
 true and predicted u(x, t) for an unseen initial condition (the paper's Figure 5) goes to
-TensorBoard. The data live in :mod:`lit_constrained.tasks.burgers_data` (re-exported here).
+TensorBoard (``prediction``). The data live in :mod:`lit_constrained.tasks.burgers_data` (re-exported here).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ from lit_constrained.tasks.burgers_data import (
     initial_condition,
     method_of_lines,
 )
-from lit_constrained.tasks.common import DTypeName, cast_floats, log_figure, mlp, torch_dtype
+from lit_constrained.callbacks.monitoring import small_figure
+from lit_constrained.tasks.common import DTypeName, cast_floats, mlp, torch_dtype
 
 __all__ = [
     "Burgers",
@@ -247,21 +248,6 @@ class Burgers(ConstrainedModule):
         self._log_rel_l2("test", batch)
         return out
 
-    def on_fit_end(self) -> None:
-        super().on_fit_end()
-        if self._trainer is None or not self.trainer.is_global_zero:
-            return
-        from lightning.pytorch.loggers import TensorBoardLogger
-
-        if not any(isinstance(lg, TensorBoardLogger) for lg in self.trainer.loggers):
-            return
-        datamodule = getattr(self.trainer, "datamodule", None)
-        arrays = getattr(datamodule, "arrays", None) or {}
-        for key in ("test_xi", "val_xi"):
-            if key in arrays and len(arrays[key]) > 0:
-                log_figure(self, "prediction", self.prediction_figure(float(arrays[key][0])))
-                return
-
     @torch.no_grad()
     def predict_grid(self, xi: float, n_x_plot: int = 128, n_t_plot: int = 101) -> np.ndarray:
         """The network's u on an ``n_t_plot`` x ``n_x_plot`` grid of [0, 1) x [0, 1] for the initial
@@ -273,27 +259,30 @@ class Burgers(ConstrainedModule):
         pred = self(torch.as_tensor(inputs, dtype=self.dtype, device=self.device))
         return pred.double().cpu().numpy().reshape(n_t_plot, n_x_plot)
 
-    def prediction_figure(self, xi: float) -> Any:
-        """True, predicted and |error| u(x, t) heatmaps for the initial condition ``xi`` (as the
-        paper's Figure 5)."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    def prediction_figure(self, xi: float | None = None) -> Any:
+        """True, predicted and |error| u(x, t) heatmaps (as the paper's Figure 5) for the initial
+        condition ``xi``; default: the first validation initial condition of the trainer's
+        :class:`BurgersData` (None without one)."""
+        if xi is None:
+            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            arrays = getattr(datamodule, "arrays", None) or {}
+            key = next((k for k in ("val_xi", "test_xi") if k in arrays and len(arrays[k]) > 0), None)
+            if key is None:
+                return None
+            xi = float(arrays[key][0])
         n_x_plot, n_t_plot = 128, 101
         true = cole_hopf_grid(np.array([xi]), n_x_plot, n_t_plot, self.nu)[0]
         pred = self.predict_grid(xi, n_x_plot, n_t_plot)
         rel = float(np.linalg.norm(pred - true) / np.linalg.norm(true))
-        fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), sharey=True)
+        fig, axes = small_figure(3, 1, row_height_in=1.9, sharex=True)
         extent = (0.0, 1.0, 0.0, 1.0)
         panels = (("true u(x, t)", true, "RdBu_r", (-1, 1)), ("predicted u(x, t)", pred, "RdBu_r", (-1, 1)),
                   ("|error|", np.abs(pred - true), "magma", (0, None)))
         for ax, (title, values, cmap, (vmin, vmax)) in zip(axes, panels):
             image = ax.imshow(values, origin="lower", extent=extent, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax)
-            ax.set(title=title, xlabel="x")
+            ax.set(ylabel="t")
+            ax.set_title(title, fontsize=10)
             fig.colorbar(image, ax=ax)
-        axes[0].set_ylabel("t")
-        fig.suptitle(f"Burgers, unseen initial condition xi = {xi:.3f}: relative L2 error {rel:.2e}")
-        fig.tight_layout()
+        axes[-1].set_xlabel("x")
+        fig.suptitle(f"xi = {xi:.3f}: rel_l2 {rel:.2e}")
         return fig

@@ -53,7 +53,8 @@ from lit_constrained.tasks.chemistry_data import (
     generate_chemistry,
     reaction_matrix,
 )
-from lit_constrained.tasks.common import DTypeName, cast_floats, log_figure, mlp, torch_dtype
+from lit_constrained.callbacks.monitoring import small_figure
+from lit_constrained.tasks.common import DTypeName, cast_floats, mlp, torch_dtype
 
 __all__ = [
     "Chemistry",
@@ -228,38 +229,29 @@ class Chemistry(ConstrainedModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return cast_floats(super().on_after_batch_transfer(batch, dataloader_idx), self.dtype)
 
-    def on_fit_end(self) -> None:
-        super().on_fit_end()
-        if self._trainer is None or not self.trainer.is_global_zero:
-            return
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if not isinstance(datamodule, ChemistryData) or not datamodule.arrays:
-            return
-        from lightning.pytorch.loggers import TensorBoardLogger
-
-        if any(isinstance(lg, TensorBoardLogger) for lg in self.trainer.loggers):
-            log_figure(self, "prediction", self.prediction_figure(datamodule.arrays))
-
     @torch.no_grad()
-    def prediction_figure(self, arrays: dict[str, Any], n_curves: int = 2) -> Any:
-        """Exact (lines) and predicted (dashed) trajectories of held-out initial conditions."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    def prediction_figure(self, arrays: dict[str, Any] | None = None, n_curves: int = 2, split: str = "val") -> Any:
+        """Exact (lines) and predicted (dashed) trajectories of ``n_curves`` held-out initial conditions
+        of ``split``; ``arrays`` default to the trainer's :class:`ChemistryData` (None without one)."""
+        if arrays is None:
+            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            if not isinstance(datamodule, ChemistryData) or not datamodule.arrays:
+                return None
+            arrays = datamodule.arrays
         n_times = len(arrays["times"])
-        fig, axes = plt.subplots(1, n_curves, figsize=(5 * n_curves, 3.5), squeeze=False)
-        for i, ax in enumerate(axes[0]):
+        n_curves = max(1, min(n_curves, len(arrays[f"x_{split}"]) // n_times))
+        fig, axes = small_figure(n_curves, 1, row_height_in=2.4, squeeze=False)
+        for i, ax in enumerate(axes[:, 0]):
             rows = slice(i * n_times, (i + 1) * n_times)
-            x = torch.as_tensor(arrays["x_test"][rows], dtype=self.dtype, device=self.device)
+            x = torch.as_tensor(arrays[f"x_{split}"][rows], dtype=self.dtype, device=self.device)
             pred = self(x).double().cpu().numpy()
+            exact = arrays[f"u_{split}"][rows]
             for j in range(4):
                 color = f"C{j}"
-                ax.plot(arrays["times"], arrays["u_test"][rows, j], color=color, lw=2.5, alpha=0.5,
-                        label=f"u{j + 1} exact")
+                ax.plot(arrays["times"], exact[:, j], color=color, lw=2.5, alpha=0.5, label=f"u{j + 1} exact")
                 ax.plot(arrays["times"], pred[:, j], color=color, ls="--", label=f"u{j + 1} network")
-            ax.set(xlabel="t", ylabel="concentration", title=f"held-out initial condition {i}")
-        axes[0][0].legend(fontsize=7, ncol=2)
-        fig.tight_layout()
+            mse = float(((pred - exact) ** 2).mean())
+            ax.set(ylabel="concentration", title=f"{split} initial condition {i}: mse {mse:.2e}")
+        axes[-1, 0].set_xlabel("t")
+        axes[0, 0].legend(fontsize=8, ncol=2)
         return fig

@@ -44,7 +44,8 @@ from torch.func import functional_call, jacrev, vmap
 
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.optim.flat import real_view
-from lit_constrained.tasks.common import DTypeName, cast_floats, log_figure, torch_dtype
+from lit_constrained.callbacks.monitoring import small_figure
+from lit_constrained.tasks.common import DTypeName, cast_floats, torch_dtype
 from lit_constrained.tasks.darcy_data import DarcyData, boundary_mask, darcy_residual
 from lit_constrained.tasks.spectral import VmapSpectralConv, pointwise_convs_
 
@@ -222,8 +223,8 @@ class Darcy(ConstrainedModule):
     :class:`~lit_constrained.tasks.darcy_data.DarcyData`. Validation / test log the relative L2
     error on held-out permeabilities (``val/rel_l2``, ``test/rel_l2``: the mean over samples of
     :math:`\|u_\theta - u\|_2 / \|u\|_2`); the validation constraints are the residuals at all
-    interior nodes of the held-out samples. At the end of fit a figure (nu, true u, predicted u,
-    error; the paper's Figure 6) goes to TensorBoard.
+    interior nodes of the held-out samples. At every validation a figure (nu, true u, predicted u,
+    error; the paper's Figure 6) goes to TensorBoard (``prediction``).
 
     Args:
         hidden_channels: FNO width (the paper: 4).
@@ -368,33 +369,30 @@ class Darcy(ConstrainedModule):
         """``<stage>/rel_l2``: the relative L2 error on the held-out permeabilities."""
         return {"rel_l2": self.relative_l2(batch)}
 
-    def prediction_figure(self, sample: dict[str, Tensor]) -> Any:
-        """nu, true u, predicted u and the error of one sample (a batch of size 1)."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    def prediction_figure(self, sample: dict[str, Tensor] | None = None) -> Any:
+        """nu, true u, predicted u and the error of one sample (a batch of size 1); default: the first
+        validation sample of the trainer's :class:`DarcyData` (None without one)."""
+        if sample is None:
+            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            if datamodule is None or not hasattr(datamodule, "example") or not getattr(datamodule, "tensors", None):
+                return None
+            split = next((s for s in ("val", "test", "train") if datamodule.tensors[f"{s}_u"].shape[0]), None)
+            if split is None:
+                return None
+            sample = datamodule.example(split)
         with torch.no_grad():
             pred = self(sample["x"].to(self.device))[0].double().cpu().numpy()
         nu = sample["nu"][0].cpu().numpy()
         true = sample["u"][0].double().cpu().numpy()
-        fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
+        fig, axes = small_figure(2, 2, row_height_in=1.9, squeeze=False)
         panels = [(nu, "permeability nu"), (true, "true u"), (pred, "predicted u"), (abs(pred - true), "|error|")]
         vmin, vmax = min(true.min(), pred.min()), max(true.max(), pred.max())
-        for i, (ax, (img, title)) in enumerate(zip(axes, panels)):
+        for i, (ax, (img, title)) in enumerate(zip(axes.flat, panels)):
             kw = {"vmin": vmin, "vmax": vmax} if i in (1, 2) else {}
             im = ax.imshow(img.T, origin="lower", extent=(0, 1, 0, 1), cmap="viridis", **kw)
-            ax.set_title(title)
+            ax.set_title(title, fontsize=10)
+            ax.set(xticks=[], yticks=[])
             fig.colorbar(im, ax=ax, fraction=0.046)
         rel = float(((pred - true) ** 2).sum() ** 0.5 / (true**2).sum() ** 0.5)
-        fig.suptitle(f"Darcy flow, held-out nu: relative L2 error {rel:.3g}")
-        fig.tight_layout()
+        fig.suptitle(f"one held-out nu: rel_l2 {rel:.3g}")
         return fig
-
-    def on_fit_end(self) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is None or not hasattr(datamodule, "example") or not self.trainer.is_global_zero:
-            return
-        split = "test" if datamodule.tensors["test_u"].shape[0] else "train"
-        log_figure(self, "darcy/prediction", self.prediction_figure(datamodule.example(split)))

@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 from lit_constrained.module import ConstrainedModule
-from lit_constrained.tasks.common import DTypeName, cast_floats, log_figure, mlp, torch_dtype
+from lit_constrained.callbacks.monitoring import small_figure
+from lit_constrained.tasks.common import DTypeName, cast_floats, mlp, torch_dtype
 from lit_constrained.tasks.spring_data import SpringData, spring_constants, spring_exact, spring_points
 
 __all__ = ["Spring", "SpringData", "spring_residual", "spring_exact", "spring_points"]
@@ -117,41 +118,29 @@ class Spring(ConstrainedModule):
         with torch.no_grad():
             return {"mse": (self(batch["t_test"]) - batch["u_test"]).pow(2).mean()}
 
-    def on_fit_end(self) -> None:
-        super().on_fit_end()
-        if self._trainer is None or not self.trainer.is_global_zero:
-            return
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if not isinstance(datamodule, SpringData) or not datamodule.arrays:
-            return
-        from lightning.pytorch.loggers import TensorBoardLogger
-
-        if any(isinstance(lg, TensorBoardLogger) for lg in self.trainer.loggers):
-            log_figure(self, "prediction", self.prediction_figure(datamodule.arrays))
-
     @torch.no_grad()
-    def prediction_figure(self, arrays: dict[str, Any]) -> Any:
+    def prediction_figure(self, arrays: dict[str, Any] | None = None) -> Any:
         """The exact and predicted u(t) with the data, collocation and constraint points (as the
-        paper's Figure 2)."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        paper's Figure 2); ``arrays`` default to the trainer's :class:`SpringData` (None without one)."""
+        if arrays is None:
+            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            if not isinstance(datamodule, SpringData) or not datamodule.arrays:
+                return None
+            arrays = datamodule.arrays
 
         def predict(t: Any) -> Any:
             tt = torch.as_tensor(t, dtype=self.dtype, device=self.device)[:, None]
             return self(tt)[:, 0].double().cpu().numpy()
 
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        fig, ax = small_figure()
         ax.plot(arrays["t_test"], arrays["u_test"], color="0.6", lw=3, label="exact")
         ax.plot(arrays["t_test"], predict(arrays["t_test"]), color="tab:blue", label="network")
-        ax.scatter(arrays["t_data"], arrays["u_data"], color="tab:orange", zorder=3, label="data")
-        ax.scatter(arrays["t_res"], predict(arrays["t_res"]), color="tab:green", s=12, zorder=3,
+        ax.scatter(arrays["t_data"], arrays["u_data"], color="tab:orange", s=16, zorder=3, label="data")
+        ax.scatter(arrays["t_res"], predict(arrays["t_res"]), color="tab:green", s=8, zorder=3,
                    label="ODE residual points")
-        ax.scatter(arrays["t_con"], predict(arrays["t_con"]), color="tab:red", marker="x", s=50, zorder=4,
-                   label="constraints")
+        ax.scatter(arrays["t_con"], predict(arrays["t_con"]), color="tab:red", marker="x", s=60, zorder=4,
+                   label="constraints (imposed)")
         mse = float(((predict(arrays["t_test"]) - arrays["u_test"]) ** 2).mean())
-        ax.set(xlabel="t", ylabel="u(t)", title=f"Spring: test MSE {mse:.2e}")
-        ax.legend(fontsize=7, loc="upper right")
-        fig.tight_layout()
+        ax.set(xlabel="t", ylabel="u(t)", title=f"val/mse {mse:.2e}")
+        ax.legend(fontsize=9, loc="upper right")
         return fig

@@ -273,7 +273,7 @@ def test_short_fit_with_sqp_adam_lowers_objective_and_violation(tmp_path, reques
         pred = task(torch.as_tensor(dm.arrays["val_inputs"], dtype=torch.float32)).double().numpy()
     truth = dm.arrays["val_u"]
     assert metrics["val/rel_l2"] == pytest.approx(np.linalg.norm(pred - truth) / np.linalg.norm(truth), rel=1e-5)
-    assert {"val/objective", "val/violation_max"} <= set(metrics)
+    assert {"Objective/val", "Violation/val", "residual/val"} <= set(metrics)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})

@@ -215,6 +215,6 @@ def test_short_sqp_adam_fit_lowers_objective_and_violation(tmp_path: Path) -> No
     c1 = task.constraints(batch).abs().max().item()
     assert f1 < 0.9 * f0
     assert c1 < c0
-    assert {"val/mse", "val/rel_l2", "val/violation_max"} <= set(trainer.callback_metrics)
+    assert {"val/mse", "val/rel_l2", "Violation/val", "residual/val"} <= set(trainer.callback_metrics)
     events = EventAccumulator(str(Path(logger.log_dir))).Reload()
     assert "prediction" in events.Tags()["images"]
