@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LightningCLI
 import lit_constrained.callbacks  # noqa: F401  (registers short class paths)
 import lit_constrained.optim  # noqa: F401
 import lit_constrained.tasks  # noqa: F401
+from lit_constrained.callbacks.monitoring import default_logger
 from lit_constrained.callbacks.progress import LineProgress
 from lit_constrained.class_spec import TRUSTED_MODULES, check_trusted, class_paths_in
 from lit_constrained.cli_parsing import ConstrainedArgumentParser, RunConfigSaver
@@ -55,6 +56,7 @@ class ConstrainedCLI(LightningCLI):
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> pl.Trainer:
         """A line-per-interval progress report instead of the bar when stdout is not a terminal."""
+        config = self._with_default_logger(config)  # H20: runs named by task and optimizer
         if not sys.stdout.isatty() and config.get("enable_progress_bar", True) is not False:
             configured = config.get("callbacks") or []
             configured = configured if isinstance(configured, list) else [configured]
@@ -62,6 +64,16 @@ class ConstrainedCLI(LightningCLI):
                 callbacks = [*callbacks, LineProgress()]
         return super()._instantiate_trainer(config, callbacks)
     # --- end parsing, help, progress, trusted checkpoints ---
+
+    # --- default logger: runs named by task and optimizer (H20) ---
+    def _with_default_logger(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``trainer.logger`` unset: TensorBoard under ``lightning_logs/<task>/<Optimizer>/version_<nnn>``
+        (:func:`~lit_constrained.callbacks.monitoring.default_logger`); a configured logger, or
+        ``--trainer.logger false``, is kept as it is."""
+        if config.get("logger") in (None, True) and isinstance(getattr(self, "model", None), ConstrainedModule):
+            config = {**config, "logger": default_logger(self.model, config.get("default_root_dir"))}
+        return config
+    # --- end default logger ---
 
 
 def put_working_directory_on_path() -> None:
