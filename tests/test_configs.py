@@ -30,3 +30,59 @@ def test_recommended_configs_take_the_full_normal_step():
     assert len(recommended) >= 12
     for config in recommended:
         assert "rho: full" in (ROOT / config).read_text(), config
+
+
+def _load(config: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((ROOT / config).read_text())
+
+
+HARD_CONSTRAINED = ("SQPAdam", "SQPHeavyBall", "AdamCon")
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if "/recommended/" not in c])
+def test_paper_configs_state_the_papers_rho(config):
+    """The class default is rho='full'; a config at the paper's settings must say rho explicitly."""
+    optimizer = _load(config)["model"]["init_args"].get("optimizer", {})
+    if optimizer.get("class_path", "").rsplit(".", 1)[-1] in HARD_CONSTRAINED and "/curve/" not in config:
+        rho = optimizer.get("init_args", {}).get("rho")
+        assert isinstance(rho, float) and 0 < rho <= 1, f"{config}: rho={rho!r}"
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_configs_show_metrics_at_any_length(config):
+    """Scalars every step (an epoch may be one batch), validation counted in steps, not epochs."""
+    trainer = _load(config)["trainer"]
+    assert trainer["log_every_n_steps"] == 1
+    assert trainer["check_val_every_n_epoch"] is None
+    interval = trainer["val_check_interval"]
+    assert isinstance(interval, int) and 0 < interval <= trainer["max_epochs"]
+
+
+def _fit_with_package_warnings_as_errors(config: str, tmp_path, monkeypatch, *extra: str) -> None:
+    import sys
+    import warnings
+
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # not caused by the package: Lightning's own use of deprecated torch / jsonargparse APIs
+        for category in (DeprecationWarning, FutureWarning):
+            warnings.filterwarnings("ignore", category=category, module=r"(lightning|jsonargparse|torch)\b")
+        main(["fit", "--config", str(ROOT / config), "--trainer.max_epochs", "3", *extra])
+
+
+def test_fit_raises_no_package_caused_warning(tmp_path, monkeypatch):
+    _fit_with_package_warnings_as_errors("configs/curve/sqp_adam.yaml", tmp_path, monkeypatch)
+    assert list(tmp_path.rglob("config.yaml")), "the resolved config goes into the run's log directory"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="tasks/spring.py overrides on_after_batch_transfer while a DataModule is used (Lightning warns); "
+    "owned by the tasks' maintainer",
+)
+def test_spring_fit_raises_no_package_caused_warning(tmp_path, monkeypatch):
+    _fit_with_package_warnings_as_errors("configs/spring/recommended/sqp_adam.yaml", tmp_path, monkeypatch)
