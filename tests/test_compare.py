@@ -218,11 +218,13 @@ def test_execution_order_full_batch_first_then_minibatch_seed_by_seed():
     assert sorted(r.name for r in ordered) == sorted(r.name for r in runs)
     modes = [r.mode for r in ordered]
     assert modes == sorted(modes, key=["full", "minibatch"].index)  # every full-batch run before any mini-batch
-    minibatch = [r for r in ordered if r.mode == "minibatch"]
-    assert [r.seed for r in minibatch] == sorted(r.seed for r in minibatch)
-    # within a seed: the paper's rho (and the unconstrained method) before rho = full
-    seed0 = [r.rho_variant for r in minibatch if r.seed == 0]
-    assert seed0 == sorted(seed0, key=lambda v: v == "full") and seed0.count("full") == 2
+    # within a batch mode: the paper's rho (and the unconstrained method) before rho = full, seed by seed
+    for mode in ("full", "minibatch"):
+        variants = [r.rho_variant for r in ordered if r.mode == mode]
+        assert variants == sorted(variants, key=lambda v: v == "full") and variants.count("full") > 0
+        for variants_of_setting in (("paper", "-"), ("full",)):
+            seeds = [r.seed for r in ordered if r.mode == mode and r.rho_variant in variants_of_setting]
+            assert seeds == sorted(seeds)
 
 
 def test_records_keep_the_validated_epochs_compactly():

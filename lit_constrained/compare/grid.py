@@ -256,14 +256,14 @@ def build_grid(
 def execution_order(runs: list[RunSpec]) -> list[RunSpec]:
     """The order runs are started in: what a partial grid can already report comes first.
 
-    Full-batch runs (one seed) first, then the mini-batch runs seed by seed, so a grid stopped early
-    has every method at the same seeds; within that the grid order (the paper's rho before the
-    other rho variants of each method).
+    Full-batch runs (one seed) first, then the mini-batch runs; within a batch mode the paper's rho
+    (and the unconstrained method) before the other rho variants, and then seed by seed, so a grid
+    stopped early has every method of the paper's setting at the same seeds.
     """
     mode_rank = {"full": 0, "default": 0, "minibatch": 1}
     position = {id(spec): i for i, spec in enumerate(runs)}
     variant_rank = {"paper": 0, "-": 0}
     return sorted(
         runs,
-        key=lambda s: (mode_rank.get(s.mode, 2), s.seed, variant_rank.get(s.rho_variant, 1), position[id(s)]),
+        key=lambda s: (mode_rank.get(s.mode, 2), variant_rank.get(s.rho_variant, 1), s.seed, position[id(s)]),
     )

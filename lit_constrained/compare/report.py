@@ -173,10 +173,16 @@ def plot(results: list[dict[str, Any]], key: str, ylabel: str, title: str, path:
             if j == 0:
                 ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3, which="both", lw=0.5)
-            if ax.get_lines():
-                ax.legend(fontsize=7)
+    legend: dict[str, Any] = {}  # one legend for all panels, below them (label -> line)
+    for ax in axes.flat:
+        for line in ax.get_lines():
+            legend.setdefault(str(line.get_label()), line)
+    if legend:
+        fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(4, len(legend)), fontsize=8,
+                   frameon=False)
+    rows_of_legend = math.ceil(len(legend) / 4) if legend else 0
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.045 * rows_of_legend / len(modes), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, metadata={"Title": title})
     plt.close(fig)

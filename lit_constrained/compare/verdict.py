@@ -38,7 +38,7 @@ def _short(method: str) -> str:
 
 
 def _g(value: float) -> str:
-    return format(value, ".2g")
+    return format(value, ".3g")
 
 
 def _setting_text(setting: Setting) -> str:
