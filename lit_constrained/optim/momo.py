@@ -122,22 +122,21 @@ def adaptive_step(
     gamma: Tensor,
     d_dot_x: Tensor,
     d_norm_sq: Tensor,
-    lower_bound: Tensor,
+    lower_bound: Tensor | float,
 ) -> tuple[Tensor, Tensor]:
     r"""``(tau, zeta)`` of Lemma 3.1: :math:`\tau = \min\{\alpha/\rho, \zeta\}`; (0, 0) when d = 0.
 
-    :math:`\zeta = ((1+\alpha\lambda)(\bar f - \rho f^* - \gamma) + \langle d, x\rangle)_+ / \|d\|^2_{D^{-1}}`,
+    :math:`\zeta = ((1+\alpha\lambda)(\bar f - \gamma - \rho f^*) + \langle d, x\rangle)_+ / \|d\|^2_{D^{-1}}`,
     computed on the device (no host sync).
     """
     scale = 1.0 + lr * weight_decay
-    gap = scale * (loss_avg - rho * lower_bound - gamma) + d_dot_x
-    positive = d_norm_sq > 0.0
-    zeta = torch.where(positive, gap.clamp_min(0.0) / torch.where(positive, d_norm_sq, 1.0), 0.0)
+    gap = torch.add(d_dot_x, (loss_avg - gamma) - rho * lower_bound, alpha=scale)
+    zeta = torch.where(d_norm_sq > 0.0, gap.clamp_min(0.0) / d_norm_sq, 0.0)  # (0/0 in the masked lane only)
     return zeta.clamp(max=lr / rho), zeta
 
 
 def reset_lower_bound(
-    lower_bound: Tensor,
+    lower_bound: Tensor | float,
     floor: float,
     *,
     lr: float,
@@ -174,10 +173,22 @@ def _dot_sum(a: list[Tensor], b: list[Tensor], dtype: torch.dtype) -> Tensor:
     One dot per tensor in the tensors' dtype (BLAS), summed in ``dtype``. torch has no multi-tensor dot;
     ``torch._foreach_mm`` on (1, n) x (n, 1) views was 8x slower than BLAS dots on CPU.
     """
-    dots = [torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b)]
+    dots = [_dot(x, y) for x, y in zip(a, b)]
     if len(dots) == 1:
         return dots[0].to(dtype)
     return torch.stack(dots).to(dtype).sum()
+
+
+def _dot(a: Tensor, b: Tensor) -> Tensor:
+    return torch.dot(a.reshape(-1), b.reshape(-1))
+
+
+def _device_scalar(value: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A stored scalar as a 0-dim tensor on the step's device (a no-op for the state's own tensors;
+    Python floats come from checkpoints of the earlier layout)."""
+    if isinstance(value, Tensor) and value.dtype == dtype and value.device == device:
+        return value
+    return torch.as_tensor(value, dtype=dtype, device=device)
 
 
 def _scalar_dtype(device: torch.device) -> torch.dtype:
@@ -310,40 +321,46 @@ class _MoMoBase(Optimizer, ABC):
         first = self.param_groups[0]
         device = groups[0].params[0].device
         dtype = _scalar_dtype(device)
-
-        def scalar(value: Any) -> Tensor:
-            return torch.as_tensor(value, dtype=dtype, device=device)
-
-        previous = self.state.get(GLOBAL_KEY, {})
-        k = int(previous.get("step", 0)) + 1
+        previous = self.state.get(GLOBAL_KEY)
+        k = 1 if previous is None else int(previous["step"]) + 1
         rho = self._rho(k, first)
         weight = self._first_weight(k, first)
         floor = float(first["lower_bound"])
         estimate = bool(first["estimate_lower_bound"])
-        f_star = scalar(previous.get("lower_bound", floor) if estimate else floor)
+        f_star: Tensor | float = floor
+        if estimate and previous is not None:
+            f_star = _device_scalar(previous["lower_bound"], dtype, device)
 
-        # 1. loss and <g, x> (checked before anything changes when asked: the only host sync)
-        params = [p for g in groups for p in g.params]
-        grads = [t for g in groups for t in g.grads]
-        f = scalar(loss)
-        gx = _dot_sum(grads, params, dtype)
+        # 1. the loss (and, when asked, the finiteness check before anything changes: the one host sync)
+        f = loss.to(device=device, dtype=dtype)
         if first["check_finite"]:
-            self._raise_if_not_finite(f, gx)
-        loss_avg = scalar(previous.get("loss_avg", 0.0))
-        gamma = scalar(previous.get("gamma", 0.0))
-        loss_avg = loss_avg + weight * (f - loss_avg)
-        gamma = gamma + weight * (gx - gamma)
+            self._raise_if_not_finite(f, _dot_sum([t for g in groups for t in g.grads],
+                                                  [p for g in groups for p in g.params], dtype))
 
-        # 2. moments, then <d, x> and ||d||^2_{D^-1} per group
-        directions, scales, dx_parts, dnorms = [], [], [], []
+        # 2. moments, then all inner products in one table: <g, x>, <d, x>, <d, D^-1 d> / s per tensor
+        directions, scales, sizes = [], [], []
+        gx_dots, dx_dots, du_dots = [], [], []
         for g in groups:
             d, u, s = self._update_moments(k, g, weight)
             directions.append(u)
             scales.append(s)
-            dx_parts.append(_dot_sum(d, g.params, dtype))
-            dnorms.append(s * _dot_sum(d, u, dtype))
-        d_dot_x = sum(dx_parts[1:], dx_parts[0])
-        d_norm_sq = sum(dnorms[1:], dnorms[0])
+            sizes.append(len(d))
+            gx_dots += [_dot(a, x) for a, x in zip(g.grads, g.params)]
+            dx_dots += [_dot(a, x) for a, x in zip(d, g.params)]
+            du_dots += [_dot(a, b) for a, b in zip(d, u)]
+        table = torch.stack(gx_dots + dx_dots + du_dots).to(dtype).view(3, -1)
+        if len(groups) == 1:
+            gx, d_dot_x, du = table.sum(1).unbind()
+            dnorms = [scales[0] * du]
+        else:
+            gx, d_dot_x = table[:2].sum(1).unbind()
+            dnorms = [s * part.sum() for s, part in zip(scales, table[2].split(sizes))]
+        d_norm_sq = dnorms[0] if len(dnorms) == 1 else torch.stack(dnorms).sum()
+        if previous is None:  # the averages start at 0 (or, weight 1, at the first sample)
+            loss_avg, gamma = f * weight, gx * weight
+        else:
+            loss_avg = torch.lerp(_device_scalar(previous["loss_avg"], dtype, device), f, weight)
+            gamma = torch.lerp(_device_scalar(previous["gamma"], dtype, device), gx, weight)
 
         # 3. ResetStar, step sizes, update
         model = dict(rho=rho, loss_avg=loss_avg, gamma=gamma, d_dot_x=d_dot_x)
@@ -355,7 +372,7 @@ class _MoMoBase(Optimizer, ABC):
         for g, u, s in zip(groups, directions, scales):
             lr, wd = float(g.group["lr"]), float(g.group["weight_decay"])
             tau, zeta = adaptive_step(lr=lr, weight_decay=wd, d_norm_sq=d_norm_sq, lower_bound=f_star, **model)
-            self._apply(g, tau * -s, u)
+            self._apply(g, (tau * -s).to(u[0].dtype), u)
             taus.append(tau)
             zetas.append(zeta)
 
@@ -364,12 +381,19 @@ class _MoMoBase(Optimizer, ABC):
         if estimate:
             tau_dnorm = sum((t * n for t, n in zip(taus[1:], dnorms[1:])), taus[0] * dnorms[0])
             f_star = estimate_lower_bound(floor, tau_d_norm_sq=tau_dnorm, **model)
-        self.state[GLOBAL_KEY] = {"step": k, "loss_avg": loss_avg, "gamma": gamma, "lower_bound": f_star}
+        self.state[GLOBAL_KEY] = {
+            "step": k,
+            "loss_avg": loss_avg,
+            "gamma": gamma,
+            "lower_bound": f_star if isinstance(f_star, Tensor) else torch.full((), f_star, dtype=dtype, device=device),
+        }
         if diagnostics:
             several = len(self.param_groups) > 1
             for g, tau, zeta in zip(groups, taus, zetas):
                 self.diagnostics[_diagnostic_name("tau", g.index, several)] = tau
                 self.diagnostics[_diagnostic_name("zeta", g.index, several)] = zeta
+            if not isinstance(used, Tensor):
+                used = torch.full((), used, dtype=dtype, device=device)
             self.diagnostics["lower_bound_used"] = used
 
     def _raise_if_not_finite(self, f: Tensor, gx: Tensor) -> None:
