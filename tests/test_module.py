@@ -314,3 +314,27 @@ def test_validation_logs_task_metrics_with_input_derivatives_available():
     trainer.fit(model, CurveData(num_samples=8, batch_size=8))
     result = trainer.validate(model, CurveData(num_samples=8, batch_size=8), verbose=False)[0]
     assert {"Objective/val", "val/mse", "Violation/val"} <= set(result)
+
+
+class ForgotCreateGraph(ConstrainedModule):
+    """An ODE residual u' + u at two points, with du/dt taken WITHOUT create_graph=True."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def objective(self, batch):
+        x, y = batch
+        return (self.net(x) - y).pow(2).mean()
+
+    def constraints(self, batch):
+        t = torch.tensor([[0.25], [0.75]], requires_grad=True)
+        u = self.net(t)
+        (du_dt,) = torch.autograd.grad(u.sum(), t)  # the mistake: the graph of u is freed here
+        return (du_dt + u).squeeze(-1)
+
+
+def test_forgotten_create_graph_is_named_in_the_error():
+    model = ForgotCreateGraph(optimizer=functools.partial(SQPAdam, lr=0.01))
+    with pytest.raises(RuntimeError, match=r"compute the residual with create_graph=True"):
+        quiet_trainer(max_steps=1, limit_val_batches=0).fit(model, CurveData(num_samples=8, batch_size=8))

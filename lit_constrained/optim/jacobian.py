@@ -85,6 +85,8 @@ def constraint_jacobian(
             grads = torch.autograd.grad(constraints, params, grad_outputs=eye, is_grads_batched=True, **kwargs)
             return _flatten_rows(grads, params, m, constraints)
         except RuntimeError as error:
+            if "backward through the graph a second time" in str(error):
+                raise RuntimeError(_SECOND_BACKWARD) from error
             if method == "batched":
                 raise
             warnings.warn(
@@ -94,8 +96,20 @@ def constraint_jacobian(
             )
     elif method != "loop":
         raise ValueError(f"Unknown Jacobian method {method!r}: use 'auto', 'batched' or 'loop'.")
-    rows = [
-        _flatten_rows(torch.autograd.grad(constraints[i], params, **kwargs), params, 1, constraints)
-        for i in range(start, stop)
-    ]
+    try:
+        rows = [
+            _flatten_rows(torch.autograd.grad(constraints[i], params, **kwargs), params, 1, constraints)
+            for i in range(start, stop)
+        ]
+    except RuntimeError as error:
+        if "backward through the graph a second time" in str(error):
+            raise RuntimeError(_SECOND_BACKWARD) from error
+        raise
     return torch.cat(rows, dim=0)
+
+
+_SECOND_BACKWARD = (
+    "The constraint Jacobian needs the graph of the constraints, but part of it was already freed by a "
+    "torch.autograd.grad call inside constraints() (e.g. an ODE residual's du/dt): compute the residual "
+    "with create_graph=True: torch.autograd.grad(u.sum(), t, create_graph=True)."
+)
