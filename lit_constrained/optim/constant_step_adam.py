@@ -99,6 +99,10 @@ class ConstantStepAdam(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.diagnostics = {}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # torch pickles defaults, state and param_groups only
+        self.__dict__.setdefault("diagnostics", {})
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None, *, diagnostics: bool = False) -> Any:
         """One step of Algorithm 1; ``diagnostics=True`` fills ``optimizer.diagnostics`` (else emptied).

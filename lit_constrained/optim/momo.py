@@ -227,6 +227,10 @@ class _MoMoBase(Optimizer, ABC):
         super().__init__(params, defaults)
         self.diagnostics: dict[str, Tensor] = {}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # torch pickles defaults, state and param_groups only
+        self.__dict__.setdefault("diagnostics", {})
+
     # -- subclass hooks
     @abstractmethod
     def _beta(self, group: dict[str, Any]) -> float:

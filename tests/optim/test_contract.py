@@ -15,8 +15,10 @@ tests of each method (against independent references) stay in the per-optimizer 
 
 from __future__ import annotations
 
+import copy
 import inspect
 import io
+import pickle
 import math
 import re
 from collections.abc import Callable
@@ -348,6 +350,22 @@ def test_load_state_dict_restores_the_saved_hyperparameters(info: OptimizerInfo)
         assert opt2.param_groups[0][key] == (tuple(expected) if isinstance(expected, list) else expected), key
     run(info, opt2, STEPS, start=STEPS)
     assert torch.equal(flat(first), flat(straight))
+
+
+@pytest.mark.parametrize("info", REGISTRY, ids=IDS)
+def test_deepcopy_and_pickle_keep_the_optimizer_whole(info: OptimizerInfo) -> None:
+    # torch pickles only defaults, state and param_groups: the copy must still have its diagnostics
+    # attribute and take the same steps as the original on its own copy of the parameters
+    params = make_params()
+    opt = info.make(params)
+    run(info, opt, 1)
+    for copied in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+        assert copied.diagnostics == {}
+        twin = all_params(copied)
+        assert torch.equal(flat(twin), flat(params)) and twin[0] is not params[0]
+    run(info, opt, STEPS, start=1)
+    run(info, copied, STEPS, start=1)
+    assert torch.equal(flat(all_params(copied)), flat(params))
 
 
 # ---------------------------------------------------------------------------- param groups
