@@ -23,6 +23,7 @@ It is not a Lightning ``Strategy`` (those pick the hardware backend: keep ``stra
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -65,6 +66,12 @@ def check_constraints(c: Any, where: str, expected_m: int | None, need_grad: boo
         raise ValueError(
             f"{where} must return a 1-D tensor of m residuals (or None), got shape {shape}; "
             "flatten it (e.g. residual.reshape(-1)) if it is a grid."
+        )
+    if c.is_complex():
+        raise ValueError(
+            f"{where} returned complex residuals (dtype {c.dtype}): a complex constraint c = 0 is two real "
+            "ones, and the constrained optimizers work with real residuals. Return both parts, "
+            "torch.cat([c.real, c.imag]) (2m real rows; both vanish exactly when |c| = 0)."
         )
     if expected_m is not None and c.numel() != expected_m:
         raise ValueError(
@@ -117,6 +124,20 @@ def _jacobian_rows(module: "ConstrainedModule", batch: Any, c: Tensor, params: l
     return module.constraint_jacobian(batch, c, params)[rows]
 
 
+def constraint_precision(device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast off for the constraints and their Jacobian.
+
+    Under ``bf16-mixed`` Lightning runs the training step under ``torch.autocast``, which would evaluate
+    the network in bfloat16 (8 significant bits): the residuals, hence the feasibility the optimizer
+    restores, would be capped at ~1e-3 relative accuracy. With autocast off the constraint forward and
+    its Jacobian run in the parameters' own dtype (float32), while the objective keeps the mixed
+    precision. A no-op when autocast is not active.
+    """
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device_type=device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
 class TrainingStepper:
     """Owns a training step of a :class:`~lit_constrained.module.ConstrainedModule`."""
 
@@ -125,6 +146,7 @@ class TrainingStepper:
         penalty_weight: float = 0.0,
         on_nonfinite: NonFinitePolicy = "raise",
         max_grad_norm: float | None = None,
+        max_consecutive_skips: int = 10,
     ) -> None:
         if penalty_weight < 0:
             raise ValueError(f"penalty_weight must be >= 0, got {penalty_weight}.")
@@ -132,9 +154,14 @@ class TrainingStepper:
             raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}.")
         if max_grad_norm is not None and max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be > 0 (or None), got {max_grad_norm}.")
+        if not isinstance(max_consecutive_skips, int) or max_consecutive_skips < 1:
+            raise ValueError(f"max_consecutive_skips must be a positive integer, got {max_consecutive_skips!r}.")
         self.penalty_weight = penalty_weight
         self.on_nonfinite = on_nonfinite
         self.max_grad_norm = max_grad_norm
+        self.max_consecutive_skips = max_consecutive_skips
+        self.consecutive_skips = 0
+        self._last_finite: tuple[int, Tensor, Tensor | None] | None = None
         self.num_constraints: int | None = None
 
     def step(self, module: "ConstrainedModule", batch: Any) -> StepResult:
@@ -149,9 +176,10 @@ class TrainingStepper:
         opt.zero_grad()
         f = check_objective(module.objective(batch), f"{name}.objective()")
         need_jacobian = "jacobian" in requires
-        c = check_constraints(
-            module.constraints(batch), f"{name}.constraints()", self.num_constraints, need_jacobian
-        )
+        with constraint_precision(module.device):  # c and J in the parameters' dtype, even under AMP
+            c = check_constraints(
+                module.constraints(batch), f"{name}.constraints()", self.num_constraints, need_jacobian
+            )
         self.num_constraints = 0 if c is None else c.numel()
         loss = f
         if self.penalty_weight > 0 and c is not None and c.numel():
@@ -161,7 +189,8 @@ class TrainingStepper:
         rows = self._own_rows(module, 0 if c is None else c.numel())
         J = None
         if need_jacobian and c is not None:
-            J = _jacobian_rows(module, batch, c, params, rows)
+            with constraint_precision(module.device):
+                J = _jacobian_rows(module, batch, c, params, rows)
             expected = (rows.stop - rows.start, numel_real(params))
             if tuple(J.shape) != expected:
                 raise ValueError(
@@ -179,16 +208,25 @@ class TrainingStepper:
         if not bool(healthy):  # the step's one host sync
             if consistent is not None and not bool(consistent):
                 raise ValueError(_INCONSISTENT.format(name=name, step=step_index))
-            message = (
-                f"Non-finite objective, constraints, Jacobian or gradient at step {step_index} "
-                f"(objective={float(loss_mean):.4g}). Lower the learning rate, check the data, or set "
-                "on_nonfinite='skip' to skip such batches."
-            )
+            report = self._nonfinite_report(module, step_index, loss_mean, c_mean, J_mean, params)
             if self.on_nonfinite == "raise":
-                raise FloatingPointError(message)
+                raise FloatingPointError(
+                    f"{report} Lower the learning rate, check the data, or set on_nonfinite='skip' to skip "
+                    "such batches."
+                )
             opt.zero_grad()
-            module.print(message + " Skipped.")
+            self.consecutive_skips += 1
+            if self.consecutive_skips >= self.max_consecutive_skips:
+                raise FloatingPointError(
+                    f"{report} {self.consecutive_skips} consecutive batches skipped (on_nonfinite='skip', "
+                    f"max_consecutive_skips={self.max_consecutive_skips}): the non-finite values persist, so "
+                    "skipping cannot recover. Lower the learning rate, check the data, or resume from an "
+                    "earlier checkpoint."
+                )
+            module.print(f"{report} Skipped ({self.consecutive_skips} in a row).")
             return StepResult(loss_mean, c_mean, skipped=True)
+        self.consecutive_skips = 0
+        self._last_finite = (step_index, loss_mean, c_mean)
 
         kwargs: dict[str, Any] = {}
         if "constraints" in requires:
@@ -256,6 +294,38 @@ class TrainingStepper:
         per tensor)."""
         tensors = [f] + [t for t in (c, J) if t is not None] + [p.grad for p in params if p.grad is not None]
         return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+
+    def _nonfinite_report(
+        self,
+        module: "ConstrainedModule",
+        step_index: int,
+        f: Tensor,
+        c: Tensor | None,
+        J: Tensor | None,
+        params: list[Tensor],
+    ) -> str:
+        """Which of f, c, J and which parameters' gradients hold NaN/inf, and the last finite values
+        (computed only on the failure path: it syncs once per tensor)."""
+        bad: list[str] = []
+        for label, tensor in (("objective f", f), ("constraints c", c), ("Jacobian J", J)):
+            if tensor is not None and not bool(torch.isfinite(tensor).all()):
+                count = int((~torch.isfinite(tensor)).sum())
+                bad.append(f"{label} ({count} of {tensor.numel()} entries)")
+        names = {id(p): n for n, p in module.named_parameters()}
+        grads = [names.get(id(p), f"param[{i}]") for i, p in enumerate(params)
+                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        if grads:
+            shown = ", ".join(grads[:5]) + (f" and {len(grads) - 5} more" if len(grads) > 5 else "")
+            bad.append(f"the gradient of {shown}")
+        what = "; ".join(bad) if bad else "no single tensor (the reduced values are finite; a rank disagreed)"
+        if self._last_finite is None:
+            last = "no finite step yet"
+        else:
+            step, f_last, c_last = self._last_finite
+            last = f"last finite step {step}: f={float(f_last):.6g}"
+            if c_last is not None and c_last.numel():
+                last += f", max|c|={float(c_last.abs().max()):.6g}"
+        return f"Non-finite values at step {step_index}: {what} ({last})."
 
     @staticmethod
     def _step_schedulers(module: "ConstrainedModule", f_mean: Tensor) -> None:
