@@ -262,12 +262,15 @@ def callbacks_for(name: str, checkpoint_dir: str | None = None) -> list[Callback
     return callbacks
 
 
-def make_trainer(callbacks: list[Callback], devices: int, max_epochs: int = EPOCHS, **kwargs: Any) -> pl.Trainer:
-    if devices > 1:
+def make_trainer(
+    callbacks: list[Callback], devices: int, max_epochs: int = EPOCHS, num_nodes: int = 1, **kwargs: Any
+) -> pl.Trainer:
+    if devices * num_nodes > 1:
         kwargs["strategy"] = DDPStrategy(process_group_backend="gloo", timeout=datetime.timedelta(seconds=120))
     return pl.Trainer(
         accelerator="cpu",
         devices=devices,
+        num_nodes=num_nodes,
         max_epochs=max_epochs,
         logger=MemoryLogger(),
         callbacks=callbacks,
