@@ -16,9 +16,10 @@ from .constrained import (
     MaxNormalStep,
     ParamsT,
     Precision,
+    Projection,
     Rho,
 )
-from .nullspace import DEFAULT_RCOND, NullSpace
+from .nullspace import DEFAULT_RCOND, GramFactor, matvec, merged_step
 
 
 class AdamCon(ConstrainedOptimizer):
@@ -77,23 +78,51 @@ class AdamCon(ConstrainedOptimizer):
         zeros = torch.zeros(n, dtype=dtype, device=device)
         return {"step": 0, "exp_avg": zeros, "exp_avg_sq": zeros.clone()}
 
-    def _directions(
-        self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Tensor] | None
-    ) -> tuple[Tensor, Tensor, NullSpace]:
-        k = state["step"]
+    def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
+        # the new moments go to spare buffers (swapped into the state in _tangent, after the checks)
+        k = state["step"] + 1
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        m_hat, inv_sqrt_h = torch.empty_like(m), torch.empty_like(v)
+        shape, dtype, device = tuple(m.shape), m.dtype, m.device
+        m_new = self._buffer("exp_avg_next", shape, dtype, device)
+        v_new = self._buffer("exp_avg_sq_next", shape, dtype, device)
+        inv_sqrt_h = self._buffer("inverse_sqrt_scaling", shape, dtype, device)
+        w = self._buffer("direction", shape, dtype, device)
         for group, block in self._group_blocks():
             beta1, beta2 = (float(b) for b in group["betas"])
-            m[block].mul_(beta1).add_(g[block], alpha=1.0 - beta1)
-            v[block].mul_(beta2).addcmul_(g[block], g[block], value=1.0 - beta2)
-            torch.div(m[block], 1.0 - beta1**k, out=m_hat[block])
-            torch.div(v[block], 1.0 - beta2**k, out=inv_sqrt_h[block]).add_(float(group["eps"])).sqrt_().rsqrt_()  # H^{-1/2}
-        plain = self._factorize(jacobian)  # J itself: diagnostics, re-projection with mixed group lrs
-        scaled = NullSpace.from_jacobian(plain.jacobian * inv_sqrt_h, self.param_groups[0]["rcond"])
-        pinv_c, projected, Jq = scaled.normal_and_projection(c, inv_sqrt_h * m_hat)
-        if diagnostics is not None:
-            diagnostics["multiplier_norm"] = scaled.solve_gram(c - Jq).norm()  # y of the KKT system
-        normal = -inv_sqrt_h * pinv_c
-        tangential = -inv_sqrt_h * projected
-        return normal, tangential, plain
+            torch.mul(m[block], beta1, out=m_new[block]).add_(g[block], alpha=1.0 - beta1)
+            torch.mul(v[block], beta2, out=v_new[block]).addcmul_(g[block], g[block], value=1.0 - beta2)
+            # H^{-1/2} = (v_hat + eps)^{-1/4}
+            torch.div(v_new[block], 1.0 - beta2**k, out=inv_sqrt_h[block]).add_(float(group["eps"]))
+            inv_sqrt_h[block].sqrt_().rsqrt_()
+            # w = -H^{-1/2} m_hat: the tangential direction in the scaled variable z = H^{1/2} d
+            torch.mul(m_new[block], inv_sqrt_h[block], out=w[block]).mul_(-1.0 / (1.0 - beta1**k))
+        scaled = self._buffer("scaled_jacobian", tuple(jacobian.shape), dtype, device)
+        torch.mul(jacobian, inv_sqrt_h, out=scaled)  # J~ = J H^{-1/2}; NaN/inf in g or J shows in its Gram
+        factor, finite = self._factorize(scaled)
+        return Projection(scaled, factor, finite, {"inverse_sqrt_scaling": inv_sqrt_h, "direction": w, "c": c})
+
+    def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
+                 diagnostics: dict[str, Tensor] | None) -> Tensor:
+        for key in ("exp_avg", "exp_avg_sq"):  # commit the new moments (swap with the spare buffers)
+            state[key], self._buffers[key + "_next"] = self._buffers[key + "_next"], state[key]
+        w = projection.extras["direction"]
+        if diagnostics is not None and projection.jacobian.shape[0]:  # y of the KKT system
+            Jw = matvec(projection.jacobian, w)
+            diagnostics["multiplier_norm"] = projection.factor.solve(projection.extras["c"] + Jw).norm()
+        return w
+
+    def _scaled(self, projection: Projection, jacobian: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        d = projection.extras["inverse_sqrt_scaling"]
+        return jacobian, d, self._buffer("normal", tuple(d.shape), d.dtype, d.device)
+
+    def _to_x(self, projection: Projection, step: Tensor) -> Tensor:
+        return step.mul_(projection.extras["inverse_sqrt_scaling"])  # d = H^{-1/2} z
+
+    def _normal_norm(self, projection: Projection, c: Tensor) -> Tensor:
+        """||H^{-1/2} J~^+ c||: one pass over J~ (the scaling breaks the free identity of the SQP methods)."""
+        out = self._buffer("normal", (projection.jacobian.shape[1],), projection.jacobian.dtype, c.device)
+        merged_step(projection.jacobian, projection.factor, None, 0.0, c, 0, out)
+        return self._to_x(projection, out).norm().to(torch.float64)
+
+    def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
+        return self._factorize(jacobian)[0]  # the rank of J itself (diagnostic steps only)

@@ -1,19 +1,44 @@
 r"""The base class of the hard-constrained optimizers: one step from (g, c, J) to x_{k+1}.
 
-A subclass computes, from the flat gradient g, the constraints c and a factorization of J,
-
-* the unit normal component :math:`\hat v` with :math:`J \hat v = -c` (minimum norm), and
-* the tangential component t with :math:`J t = 0` (momentum, scaling, ...),
-
-and this class composes the step
+A subclass turns the flat gradient g (and its state) into a tangential direction w, expressed in the
+variables of a "projection Jacobian" :math:`\tilde J` (J itself for the SQP methods; the scaled
+:math:`J H^{-1/2}` for Adam(con)) with a map T back to x (identity, or :math:`H^{-1/2}`), and this class
+composes the step
 
 .. math::
-    x_{k+1} = x_k + \alpha_k \rho \hat v + \alpha_k t
+    \Delta x = T\big(\alpha\, \tilde P w - s\, \tilde J^+ c\big)
+             = T\big(\alpha w - \tilde J^T z\big), \qquad z = \tilde G^+ (s c + \alpha \tilde J w),
 
-(:math:`v = \rho \hat v` is the paper's normal step, :math:`d = v + t`). With ``rho="full"`` (the
-default) the normal part is :math:`\hat v` itself (:math:`\rho_k = 1/\alpha_k` at every step, so it
-follows LR schedulers): the linearized constraint :math:`c + J \Delta x` is restored in one step instead
-of shrinking by :math:`(1 - \alpha \rho)` per step. A numeric ``rho`` is the papers' method.
+with :math:`\tilde G = \tilde J \tilde J^T`, :math:`\tilde P` the projector on its null space and
+:math:`s = \alpha\rho` the normal-step scale (the paper's normal step is :math:`v = -\rho \tilde J^+ c`,
+:math:`d = v + \tilde P w`, :math:`x_{k+1} = x_k + \alpha d`). The normal and tangential parts share
+their passes over J by linearity: J is read for the Gram matrix, for :math:`\tilde J w` and for
+:math:`\tilde J^T z` (plus two reads per refinement step; :mod:`~lit_constrained.optim.nullspace`).
+
+``rho="full"`` (the default) takes :math:`s = 1` (:math:`\rho_k = 1/\alpha_k` at every step, so it
+follows LR schedulers): the linearized constraint :math:`c + J \Delta x` is restored in one step
+instead of shrinking by :math:`(1 - \alpha \rho)` per step. A numeric ``rho`` is the papers' method.
+
+**The normal-step safeguard** (``max_normal_step``). Far from feasibility the linearization can be
+poor and a full normal step huge (a Darcy FNO's first full normal step has norm ~730). A number caps
+:math:`\|\Delta x_{normal}\| \le \text{max\_normal\_step}\,\|x\|` (any rho); ``None`` disables the cap;
+``"adaptive"`` (the default, :data:`DEFAULT_MAX_NORMAL_STEP`) is a trust radius on the full normal step
+(active with ``rho="full"`` only: a numeric rho is the papers' method, whose normal step the small
+:math:`\alpha\rho` already damps). The radius :math:`\Delta_k` bounds
+:math:`\|\Delta x_{normal}\| \le \Delta_k \max(\|x_k\|, 1)` and is adapted from the ratio of the actual to
+the linearized decrease of the violation on the capped steps,
+
+.. math::
+    r_k = \frac{\|c_k\| - \|c_{k+1}\|}{\|c_k\| - \|c_k + J_k \Delta x_k\|}, \qquad
+    \Delta_{k+1} = \begin{cases} \max(\Delta_k / 2, \Delta_{\min}) & r_k < 1/4 \\ 2 \Delta_k & r_k > 3/4 \\
+    \Delta_k & \text{else} \end{cases}
+
+(:data:`ADAPTIVE_NORMAL_STEP`): the standard trust-region test, applied only where the normal step was
+large enough to be capped. Uncapped steps (near feasibility the normal step is tiny) leave the radius
+alone, so the tangential steps' own curvature cannot shrink it, and no step is ever slowed where the
+linearization is good: the radius doubles on every capped step that achieves the predicted decrease
+(from the initial 0.02, the cap Darcy needed, to 1.3 ||x|| in six steps). Everything is computed with
+tensors (:math:`\|J^+ c\|^2 = c^T G^+ c` costs no pass over J): no host sync.
 
 Hyperparameters follow torch.optim's conventions: every one is in ``defaults`` and hence in each param
 group (``repr``, ``state_dict``/``load_state_dict`` and schedulers see them). ``rho``, ``rcond``,
@@ -24,15 +49,22 @@ so it still leaves the linearized constraints unchanged; the normal part is scal
 (``rho`` numeric) or not at all (``rho="full"``), so :math:`J \Delta x = -\alpha\rho c` holds exactly
 only when all groups share one lr or with ``rho="full"``.
 
+**Precision.** ``precision="native"`` (the default) keeps J, the momenta and every n-vector in the
+parameters' dtype and uses float64 for the m x m algebra and the accumulations
+(:mod:`~lit_constrained.optim.nullspace`); ``precision="float64"`` (or float64 parameters) runs all of
+it in float64, the reference. Buffers are allocated at the first step and reused.
+
 Step diagnostics (rank, norms, violation, ...) are computed only when asked,
 ``step(..., diagnostics=True)``, into the plain attribute ``optimizer.diagnostics`` (0-dim tensors: no
-host sync to produce them); ``optimizer.state`` holds only what resuming needs.
+host sync to produce them); ``optimizer.state`` holds only what resuming needs. A step with
+``diagnostics=False`` reads one value on the host (the finiteness flag and the refinement plan together).
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Union
 
 import torch
@@ -40,18 +72,46 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from .checks import check_finite, check_lr, check_positive
-from .flat import add_flat_, block_sizes, gather, group_params
-from .nullspace import DEFAULT_RCOND, NullSpace
+from .flat import block_sizes, group_params, real_view
+from .nullspace import (
+    DEFAULT_RCOND,
+    GramFactor,
+    NullSpace,
+    exact_gram,
+    exact_matvec,
+    exact_refinements,
+    gram,
+    merged_step,
+    chunk_columns,
+    refinement_plan,
+)
 
 Rho = Union[float, Literal["full"]]
-MaxNormalStep = Union[float, None]
+MaxNormalStep = Union[float, None, Literal["adaptive"]]
 Precision = Literal["native", "float64"]
 ParamsT = Union[Iterable[Tensor], Iterable[dict[str, Any]]]
 
 DEFAULT_LR = 1e-3
 DEFAULT_RHO: Rho = "full"
-DEFAULT_MAX_NORMAL_STEP: MaxNormalStep = None
-"""The default of ``max_normal_step`` (see :class:`ConstrainedOptimizer`)."""
+DEFAULT_MAX_NORMAL_STEP: MaxNormalStep = "adaptive"
+"""The default of ``max_normal_step``: ``"adaptive"`` (the trust radius of :data:`ADAPTIVE_NORMAL_STEP`),
+a number (a fixed cap relative to ||x||) or ``None`` (no cap)."""
+
+
+@dataclass(frozen=True)
+class AdaptiveNormalStep:
+    """Constants of the adaptive normal-step radius (relative to max(||x||, 1))."""
+
+    initial: float = 0.02
+    smallest: float = 1e-3
+    largest: float = 1e4
+    shrink_below: float = 0.25
+    grow_above: float = 0.75
+    shrink: float = 0.5
+    grow: float = 2.0
+
+
+ADAPTIVE_NORMAL_STEP = AdaptiveNormalStep()
 
 STATE_KEY = "flat"
 _TINY = 1e-30
@@ -66,11 +126,12 @@ def check_rho(rho: Rho) -> None:
 
 
 def check_max_normal_step(value: MaxNormalStep) -> None:
-    if value is None:
+    if value is None or value == "adaptive":
         return
     if isinstance(value, (str, bool)) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         raise ValueError(
-            f"Invalid max_normal_step={value!r}: a number > 0 (a fixed cap relative to ||x||) or None (no cap)."
+            f"Invalid max_normal_step={value!r}: a number > 0 (a fixed cap relative to ||x||), 'adaptive' "
+            "(the default trust radius) or None (no cap)."
         )
 
 
@@ -82,8 +143,29 @@ def check_precision(precision: str) -> None:
         )
 
 
+@dataclass
+class Projection:
+    """What a subclass hands the base class before any state changes (see ``_prepare``).
+
+    Attributes:
+        jacobian: the projection Jacobian (J, or J H^{-1/2}) in the working dtype.
+        factor: the factorization of its Gram matrix.
+        finite: 0-dim bool, False when the inputs (J, g, ...) hold NaN/inf (checked on m x m data).
+        extras: subclass data for ``_tangent`` / ``_to_x``.
+        tangent_scale: see below.
+    """
+
+    jacobian: Tensor
+    factor: GramFactor
+    finite: Tensor
+    extras: dict[str, Any] = field(default_factory=dict)
+    tangent_scale: float = 1.0
+    """A scalar multiplying w, set by ``_tangent`` (folded into the merged step: no pass over w)."""
+
+
 class ConstrainedOptimizer(Optimizer, ABC):
-    """Shared machinery: hyperparameters, input checks, the flat layout, rho / "full", diagnostics, state."""
+    """Shared machinery: hyperparameters, input checks, the flat layout, rho / "full", the safeguard,
+    the merged step, diagnostics, state and workspaces."""
 
     requires = frozenset({"constraints", "jacobian"})
     shared_keys: tuple[str, ...] = ("rho", "rcond", "max_normal_step", "precision")
@@ -101,11 +183,13 @@ class ConstrainedOptimizer(Optimizer, ABC):
         self._check_group(defaults)
         super().__init__(params, defaults)
         self.diagnostics: dict[str, Tensor] = {}
+        self._buffers: dict[str, Tensor] = {}
         self._check_groups()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("diagnostics", {})
+        self.__dict__.setdefault("_buffers", {})
 
     # ------------------------------------------------------------------ hyperparameters
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -138,23 +222,49 @@ class ConstrainedOptimizer(Optimizer, ABC):
         """The normal-step scale shared by all groups (``param_groups[i]["rho"]``)."""
         return self.param_groups[0]["rho"]
 
-    # ------------------------------------------------------------------ subclass hook
+    # ------------------------------------------------------------------ subclass hooks
     @abstractmethod
-    def _directions(
-        self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Tensor] | None
-    ) -> tuple[Tensor, Tensor, NullSpace]:
-        """Return (v_hat, t, nullspace of J): J v_hat = -c (min norm), J t = 0."""
+    def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
+        """Factorize the projection Jacobian (``_factorize``); flag non-finite inputs. No state change
+        (``state["step"]`` is still k - 1)."""
 
+    @abstractmethod
+    def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
+                 diagnostics: dict[str, Tensor] | None) -> Tensor:
+        """Update the state; return w (projection variables, working dtype; may be a workspace)."""
+
+    def _to_x(self, projection: Projection, step: Tensor) -> Tensor:
+        """Map a step from the projection variables to x, in place (identity by default)."""
+        return step
+
+    def _scaled(self, projection: Projection, jacobian: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+        """(J, d, scratch) when the projection Jacobian is J * d (see ``merged_step``); None for J itself."""
+        return None
+
+    def _normal_norm(self, projection: Projection, c: Tensor) -> Tensor:
+        """||T(J~^+ c)|| (0-dim float64): free for T = identity (c^T G~^+ c)."""
+        return projection.factor.pinv_norm_sq(c).sqrt()
+
+    @abstractmethod
     def _init_state(self, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-        return {"step": 0}
+        """The state at the first step (moments in ``dtype``)."""
 
-    def _factorize(self, jacobian: Tensor) -> NullSpace:
-        """NullSpace of J, converting into a reused float64 buffer (not part of the state)."""
-        workspace = getattr(self, "_jacobian_workspace", None)
-        if jacobian.dtype != torch.float64 and (workspace is None or workspace.shape != jacobian.shape):
-            workspace = torch.empty(jacobian.shape, dtype=torch.float64, device=jacobian.device)
-            self._jacobian_workspace = workspace
-        return NullSpace.from_jacobian(jacobian, self.param_groups[0]["rcond"], workspace=workspace)
+    # ------------------------------------------------------------------ workspaces
+    def _buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        """A persistent scratch tensor (allocated once; not part of the state)."""
+        buf = self._buffers.get(name)
+        if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != dtype or buf.device != device:
+            buf = torch.empty(shape, dtype=dtype, device=device)
+            self._buffers[name] = buf
+        return buf
+
+    def _working_dtype(self, params: list[Tensor]) -> torch.dtype:
+        if self.param_groups[0]["precision"] == "float64":
+            return torch.float64
+        dtype = torch.float32
+        for p in params:
+            dtype = torch.promote_types(dtype, real_view(p).dtype)
+        return dtype if dtype.is_floating_point else torch.float32
 
     def _group_blocks(self) -> list[tuple[dict[str, Any], slice]]:
         """Each param group with its slice of the flat vector."""
@@ -164,6 +274,31 @@ class ConstrainedOptimizer(Optimizer, ABC):
             blocks.append((group, slice(offset, offset + size)))
             offset += size
         return blocks
+
+    def _exact_workspace(self, jacobian: Tensor) -> tuple[Tensor, Tensor]:
+        """Scratch for :func:`exact_matvec` (and :func:`exact_gram`): float64 (m, chunk) and (chunk,)."""
+        m, n = jacobian.shape
+        chunk = min(n, chunk_columns(m))
+        return (self._buffer("exact_rows", (m, chunk), torch.float64, jacobian.device),
+                self._buffer("exact_vector", (chunk,), torch.float64, jacobian.device))
+
+    def _exact_factor(self, jacobian: Tensor) -> GramFactor:
+        rows, _ = self._exact_workspace(jacobian)
+        return GramFactor.from_gram(exact_gram(jacobian, rows), self.param_groups[0]["rcond"])
+
+    def _factorize(self, jacobian: Tensor) -> tuple[GramFactor, Tensor]:
+        """The factor of G = J J^T and whether G is finite (a NaN/inf anywhere in J shows in G; the
+        eigendecomposition then runs on the identity instead, and the flag stops the step)."""
+        if jacobian.shape[0] == 0:
+            return GramFactor.empty(jacobian.device), torch.ones((), dtype=torch.bool, device=jacobian.device)
+        G = gram(jacobian)
+        finite = torch.isfinite(G).all()
+        G = torch.where(finite, G, torch.eye(G.shape[0], dtype=G.dtype, device=G.device))
+        return GramFactor.from_gram(G, self.param_groups[0]["rcond"]), finite
+
+    def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
+        """The factor of J J^T whose rank / smallest singular value the diagnostics report."""
+        return projection.factor
 
     # ------------------------------------------------------------------ the step
     @torch.no_grad()
@@ -184,6 +319,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 ``view_as_real``).
             diagnostics: fill ``self.diagnostics`` with this step's diagnostics (0-dim tensors); when
                 False it is left empty (a stale value is never read as current).
+
+        A NaN/inf in g, c or J raises ``ValueError`` before anything changes.
         """
         loss = None
         if closure is not None:
@@ -192,75 +329,190 @@ class ConstrainedOptimizer(Optimizer, ABC):
         self._check_groups()
         self.diagnostics = {}
         params = group_params(self.param_groups)
-        n = sum(block_sizes(params))
-        device = params[0].device if params else torch.device("cpu")
-        g = gather([p.grad for p in params], params, torch.float64)
-        check_finite("The objective gradient g", g)
-        c, J = self._checked_constraints(constraints, jacobian, n, device)
+        if not params:
+            return loss
+        device = params[0].device
+        dtype = self._working_dtype(params)
+        sizes = block_sizes(params)
+        n = sum(sizes)
+        g = self._gather_grad(params, sizes, dtype, device)
+        c, J = self._checked_constraints(constraints, jacobian, n, dtype, device)
+        m = c.numel()
 
         state = self.state[STATE_KEY]
         if not state:
-            state.update(self._init_state(n, device, torch.float64))
+            state.update(self._init_state(n, device, dtype))
         elif state.get("n", n) != n:
             raise ValueError(
                 f"The number of parameters changed from {state['n']} to {n} since the first step; "
                 "create a new optimizer after adding parameter groups."
             )
+        else:
+            self._match_state_dtype(state, dtype)
+
+        projection = self._prepare(g, J, c, state)
+        # the one host sync: finiteness of the inputs (on m x m data) and the refinement plan together
+        finite = projection.finite & torch.isfinite(c).all()
+        if m == 0:
+            finite = finite & torch.isfinite(torch.dot(g, g))
+        plan = refinement_plan(projection.factor, n, dtype) if m else torch.zeros((), dtype=torch.int64)
+        plan = plan.to(finite.device)
+        code = int(torch.where(finite, plan + 2, torch.zeros_like(plan)))  # plan >= -1
+        if code == 0:
+            self._raise_nonfinite(g, c, J)
+        refinements = code - 2
+        if refinements < 0:
+            projection.factor = self._exact_factor(projection.jacobian)
+            refinements = exact_refinements(projection.factor, dtype)
+
         state["n"] = n
-        state["step"] += 1
+        state["step"] = state["step"] + 1
         record: dict[str, Tensor] | None = {} if diagnostics else None
-        v_hat, t, nullspace = self._directions(g, c, J, state, record)
+        w = self._tangent(projection, g, state, record)
 
         first = self.param_groups[0]
-        rho, max_normal_step = first["rho"], first["max_normal_step"]
-        lr_blocks = [float(group["lr"]) for group in self.param_groups for _ in group["params"]]
-        uniform = len(set(lr_blocks)) <= 1
-        lr = lr_blocks[0] if lr_blocks else 0.0
-        if uniform:
-            tangential = lr * t
-            normal_scale: float | Tensor = 1.0 if rho == "full" else lr * float(rho)
-        else:
-            lr_vec = torch.cat(
-                [torch.full((size,), rate, dtype=torch.float64, device=device)
-                 for size, rate in zip(block_sizes(params), lr_blocks)]
-            )
-            tangential = nullspace.project(lr_vec * t)
-            normal_scale = 1.0 if rho == "full" else lr_vec * float(rho)
-        normal = normal_scale * v_hat
-        # the linearized reduction the step intends: J delta = -scale * c (None: mixed lrs, numeric rho)
-        scale: float | None = normal_scale if isinstance(normal_scale, float) else None
-        capped = None
-        if isinstance(max_normal_step, float) and c.numel():
-            x_norm = float(gather([p.detach() for p in params], params, torch.float64).norm())
-            normal_norm = float(normal.norm())
-            limit = max_normal_step * x_norm
-            capped = normal_norm > limit
-            if capped:
-                normal = normal * (limit / normal_norm)
-                scale = None if scale is None else scale * limit / normal_norm
-        delta = normal + tangential
-        check_finite("The step", delta)
-        add_flat_(params, delta)
+        rho = first["rho"]
+        lrs = [float(group["lr"]) for group in self.param_groups]
+        lr = lrs[0]
+        uniform = all(rate == lr for rate in lrs)
+        a = lr * projection.tangent_scale
+        delta = self._buffer("delta", (n,), dtype, device)
+        if m == 0:
+            torch.mul(w, a, out=delta) if uniform else self._scale_by_group_lr(delta, w).mul_(projection.tangent_scale)
+            scale = None
+            normal_norm = torch.zeros((), dtype=torch.float64, device=device)
+        elif uniform or rho == "full":
+            s = 1.0 if rho == "full" else lr * float(rho)
+            scale, normal_norm = self._normal_scale(projection, c, s, params, state)
+            if uniform:
+                merged_step(projection.jacobian, projection.factor, w, a, scale * c, refinements, delta,
+                            self._exact_workspace(projection.jacobian), self._scaled(projection, J))
+                self._to_x(projection, delta)
+            else:
+                self._mixed_lr_step(projection, w, c, scale, None, refinements, J, delta)
+        else:  # mixed lrs with a numeric rho: each block's normal part scaled by its own lr * rho
+            lr_rho = self._lr_vector(dtype, device).mul_(float(rho))
+            scale = None
+            normal_norm = torch.full((), math.nan, dtype=torch.float64, device=device)
+            self._mixed_lr_step(projection, w, c, None, lr_rho, refinements, J, delta)
+        self._add_to_params(params, sizes, delta)
 
         if "initial_violation" not in state:
-            state["initial_violation"] = c.abs().max() if c.numel() else c.new_zeros(())
+            state["initial_violation"] = c.abs().max() if m else c.new_zeros(())
         if record is not None:
-            if capped is not None:
-                record["normal_step_capped"] = torch.tensor(float(capped), dtype=torch.float64)
-            self._record(state, record, c, delta, normal, tangential, nullspace, lr, scale)
+            self._record(record, state, projection, c, J, delta, scale, normal_norm, lr, refinements)
             self.diagnostics = record
         return loss
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ pieces of the step
+    def _normal_scale(
+        self, projection: Projection, c: Tensor, s: float, params: list[Tensor], state: dict[str, Any]
+    ) -> tuple[Tensor, Tensor]:
+        """The normal-step scale s * tau (0-dim float64: tau < 1 where the safeguard caps the step) and
+        the resulting normal-step norm; updates the adaptive radius in the state."""
+        cap = self.param_groups[0]["max_normal_step"]
+        s_t = torch.full((), s, dtype=torch.float64, device=c.device)
+        adaptive = cap == "adaptive" and self.param_groups[0]["rho"] == "full"
+        if cap is None or (cap == "adaptive" and not adaptive):
+            return s_t, s * self._normal_norm(projection, c)
+        norm = s * self._normal_norm(projection, c)
+        x_norm = torch.linalg.vector_norm(
+            torch.stack(torch._foreach_norm([real_view(p.detach()) for p in params])).to(torch.float64)
+        )
+        if adaptive:
+            rule = ADAPTIVE_NORMAL_STEP
+            c_norm = c.norm()
+            radius = state.get("normal_radius")
+            if radius is None:
+                radius = torch.full((), rule.initial, dtype=torch.float64, device=c.device)
+            if "previous_violation" in state:
+                previous, predicted = state["previous_violation"], state["predicted_violation"]
+                ratio = (previous - c_norm) / (previous - predicted).clamp_min(_TINY)
+                was_capped = state["normal_step_capped"]
+                shrink = was_capped & (ratio < rule.shrink_below)
+                grow = was_capped & (ratio > rule.grow_above)
+                radius = torch.where(shrink, (radius * rule.shrink).clamp_min(rule.smallest),
+                                     torch.where(grow, (radius * rule.grow).clamp_max(rule.largest), radius))
+            limit = radius * x_norm.clamp_min(1.0)
+        else:
+            limit = cap * x_norm
+        capped = norm > limit
+        tau = torch.where(capped, limit / norm.clamp_min(_TINY), torch.ones_like(norm))
+        if adaptive:
+            reach = projection.factor.range_part(c)  # J~ = J H^{-1/2} has the range of J
+            state["normal_radius"] = radius
+            state["previous_violation"] = c_norm
+            state["predicted_violation"] = (c - (s * tau) * reach).norm()
+        state["normal_step_capped"] = capped
+        return s_t * tau, norm * tau
+
+    def _lr_vector(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """The per-entry lr of the flat layout (the mixed-lr path only)."""
+        pieces = [torch.full((block.stop - block.start,), float(group["lr"]), dtype=dtype, device=device)
+                  for group, block in self._group_blocks()]
+        return torch.cat(pieces)
+
+    def _scale_by_group_lr(self, out: Tensor, w: Tensor) -> Tensor:
+        for group, block in self._group_blocks():
+            torch.mul(w[block], float(group["lr"]), out=out[block])
+        return out
+
+    def _mixed_lr_step(
+        self, projection: Projection, w: Tensor, c: Tensor, scale: Tensor | None, lr_rho: Tensor | None,
+        refinements: int, J: Tensor, out: Tensor,
+    ) -> None:
+        """Groups with different lrs: Delta x = P(diag(lr) t) + normal, with t = T(P~ w) the tangential
+        direction and the normal part s v_hat (``scale``) or diag(lr rho) v_hat (``lr_rho``)."""
+        zeros = torch.zeros_like(c)
+        t = merged_step(projection.jacobian, projection.factor, w, projection.tangent_scale, zeros, refinements,
+                        torch.empty_like(w))
+        t = self._to_x(projection, t)
+        self._scale_by_group_lr(t, t)
+        plain = NullSpace.from_jacobian(J, self.param_groups[0]["rcond"])
+        merged_step(J, plain.factor, t, 1.0, zeros, plain.refine, out)
+        v_hat = merged_step(projection.jacobian, projection.factor, None, 0.0, c, refinements, torch.empty_like(w))
+        v_hat = self._to_x(projection, v_hat)
+        if lr_rho is not None:
+            out.addcmul_(lr_rho, v_hat)
+        else:
+            out.add_(v_hat * scale.to(out.dtype))
+
+    def _gather_grad(self, params: list[Tensor], sizes: list[int], dtype: torch.dtype, device: torch.device) -> Tensor:
+        g = self._buffer("grad", (sum(sizes),), dtype, device)
+        offset = 0
+        for p, size in zip(params, sizes):
+            piece = g[offset:offset + size]
+            if p.grad is None:
+                piece.zero_()
+            else:
+                if p.grad.is_sparse:
+                    raise ValueError(f"{type(self).__name__} does not support sparse gradients.")
+                piece.view_as(real_view(p)).copy_(real_view(p.grad))
+            offset += size
+        return g
+
+    @staticmethod
+    def _add_to_params(params: list[Tensor], sizes: list[int], delta: Tensor) -> None:
+        offset = 0
+        for p, size in zip(params, sizes):
+            view = real_view(p.detach())
+            view.add_(delta[offset:offset + size].view_as(view).to(view.dtype))
+            offset += size
+
+    @staticmethod
+    def _match_state_dtype(state: dict[str, Any], dtype: torch.dtype) -> None:
+        """Moments loaded from a checkpoint of another precision are cast once to the working dtype."""
+        for key, value in state.items():
+            if isinstance(value, Tensor) and value.dim() == 1 and value.dtype != dtype and value.is_floating_point():
+                state[key] = value.to(dtype)
+
     def _checked_constraints(
-        self, constraints: Tensor | None, jacobian: Tensor | None, n: int, device: torch.device
+        self, constraints: Tensor | None, jacobian: Tensor | None, n: int, dtype: torch.dtype, device: torch.device
     ) -> tuple[Tensor, Tensor]:
         if constraints is None:
             if jacobian is not None and jacobian.numel():
                 raise ValueError("A jacobian was given without constraints; pass both (or neither for m = 0).")
-            return torch.zeros(0, dtype=torch.float64, device=device), torch.zeros(
-                0, n, dtype=torch.float64, device=device
-            )
+            return torch.zeros(0, dtype=torch.float64, device=device), torch.zeros(0, n, dtype=dtype, device=device)
         if not isinstance(constraints, Tensor) or constraints.dim() != 1:
             shape = tuple(constraints.shape) if isinstance(constraints, Tensor) else type(constraints).__name__
             raise ValueError(f"constraints must be a 1-D tensor of m residuals, got shape {shape}.")
@@ -275,42 +527,66 @@ class ConstrainedOptimizer(Optimizer, ABC):
             )
         c = constraints.detach().to(torch.float64)
         J = jacobian.detach()
+        if J.dtype != dtype or not J.is_contiguous() or J.device != device:
+            J = self._buffer("jacobian", (m, n), dtype, device).copy_(J)
+        return c, J
+
+    def _raise_nonfinite(self, g: Tensor, c: Tensor, J: Tensor) -> None:
+        """The failure path (syncs are fine here): name what is not finite."""
         check_finite("The constraints c", c)
         check_finite("The jacobian J", J)
-        return c, J
+        check_finite("The objective gradient g", g)
+        raise ValueError(
+            "The step is not finite (an overflow in the projection); the step was not taken. "
+            "Check the loss/constraints at this point (a diverging run or a bad batch)."
+        )
 
     def _record(
         self,
+        record: dict[str, Tensor],
         state: dict[str, Any],
-        diagnostics: dict[str, Tensor],
+        projection: Projection,
         c: Tensor,
+        J: Tensor,
         delta: Tensor,
-        normal: Tensor,
-        tangential: Tensor,
-        nullspace: NullSpace,
+        scale: Tensor | None,
+        normal_norm: Tensor,
         lr: float,
-        scale: float | None,
+        refinements: int,
     ) -> None:
-        as_tensor = lambda value: torch.as_tensor(value, dtype=torch.float64, device=c.device)  # noqa: E731
+        """Diagnostics of this step (0-dim tensors; a pass over J for the feasibility error)."""
+        device = c.device
+        as_tensor = lambda value: torch.as_tensor(value, dtype=torch.float64, device=device)  # noqa: E731
+        factor = self._diagnostic_factor(projection, J)
         violation = c.abs().max() if c.numel() else c.new_zeros(())
         rho = self.param_groups[0]["rho"]
-        rho_eff = (1.0 / lr if lr > 0 else math.inf) if rho == "full" else float(rho)
-        diagnostics.update(
-            rank=as_tensor(nullspace.rank),
-            smallest_singular_value=as_tensor(nullspace.smallest_singular_value),
-            rho=as_tensor(rho_eff),
-            step_norm=delta.norm(),
-            normal_step_norm=normal.norm(),
-            tangential_step_norm=tangential.norm(),
+        step_norm = delta.norm().to(torch.float64)
+        record.update(
+            rank=factor.rank,
+            smallest_singular_value=factor.smallest_singular_value,
+            rho=as_tensor((1.0 / lr if lr > 0 else math.inf) if rho == "full" else float(rho)),
+            step_norm=step_norm,
+            normal_step_norm=normal_norm,
             violation_max=violation,
             violation_ratio=violation / state["initial_violation"].clamp_min(_TINY),
+            refinements=as_tensor(refinements),
         )
+        if c.numel() and scale is not None:
+            normal = merged_step(projection.jacobian, projection.factor, None, 0.0, scale * c, refinements,
+                                 torch.empty_like(delta))
+            normal = self._to_x(projection, normal)
+            record["tangential_step_norm"] = (delta - normal).norm().to(torch.float64)
+        else:
+            record["tangential_step_norm"] = step_norm
+        if "normal_step_capped" in state:
+            record["normal_step_capped"] = state["normal_step_capped"].to(torch.float64)
+        if "normal_radius" in state:
+            record["normal_radius"] = state["normal_radius"]
         if lr > 0:
-            diagnostics["direction_norm"] = delta.norm() / lr
-        if c.numel() and scale is not None and scale > 0:
+            record["direction_norm"] = step_norm / lr
+        if c.numel() and scale is not None:
             # ||J d + rho c|| / (rho ||c||) with d = delta / lr: the relative error of the intended
-            # linearized reduction J delta = -lr rho c (~1e-10 or less when healthy).
-            J64 = nullspace.jacobian
-            diagnostics["linearized_feasibility_error"] = (J64 @ delta + scale * c).norm() / (
+            # linearized reduction J delta = -lr rho c (~1e-10 or less in float64 when healthy).
+            record["linearized_feasibility_error"] = (exact_matvec(J, delta) + scale * c).norm() / (
                 scale * c.norm()
             ).clamp_min(_TINY)

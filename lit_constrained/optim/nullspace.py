@@ -1,28 +1,44 @@
-r"""Rank-revealing null-space linear algebra for a constraint Jacobian J (m x n, m small).
+r"""Rank-revealing null-space linear algebra for a constraint Jacobian J (m x n, m small, n large).
 
-Everything here works in float64 (``J J^T`` squares the condition number).
+J and every n-vector stay in their own dtype (float32 for float32 parameters); float64 is used for the
+m x m algebra and for the accumulations that need it:
 
-With the Gram matrix :math:`G = J J^T = U \Lambda U^T` (an eigendecomposition: the left singular
-vectors and squared singular values of J), the numerical rank r keeps the eigenvalues with
-:math:`\lambda_i > \mathrm{rcond}^2 \lambda_{\max}` (a relative cutoff on the singular values, never an
-absolute shift), and :math:`G^+ = U_r \Lambda_r^{-1} U_r^T`. Then
+* the Gram matrix :math:`G = J J^T` (:func:`gram`): for float32 J, float32 products over column blocks
+  of ``GRAM_BLOCK`` columns, the blocks summed in float64 (relative error ~ :math:`\epsilon_{32}
+  \sqrt{B/n}`, :func:`gram_error`; one float32 GEMM over all n would give ~:math:`\epsilon_{32}\sqrt n`);
+  :func:`exact_gram` forms it from float64 products when J is too ill-conditioned for that;
+* :math:`J v` (:func:`matvec`) is a float32 product; :func:`exact_matvec` forms it from float64
+  products (J converted chunk by chunk) for the residuals of iterative refinement; :math:`J^T z`
+  (:func:`add_rmatvec_`) is an n-vector written in J's dtype.
+
+With :math:`G = U \Lambda U^T` (an eigendecomposition: the left singular vectors and squared singular
+values of J), the numerical rank keeps the eigenvalues with :math:`\lambda_i > \mathrm{rcond}^2
+\lambda_{\max}` (a relative cutoff on the singular values, never an absolute shift) and
+:math:`G^+ = U \mathrm{diag}(\mathrm{keep}/\lambda) U^T` (:class:`GramFactor`; the cutoff is a mask, so
+no host sync and no data-dependent shapes). Then
 
 .. math::
     P w = w - J^T G^+ J w, \qquad J^+ c = J^T G^+ c,
 
 P the orthogonal projector on the numerical null space of J and :math:`J^+ c` the minimum-norm
-least-squares solution of :math:`J x = c`. One step of iterative refinement (re-applying the correction
-to the residual ``J P w`` or ``U_r U_r^T c - J x``) removes the error of the normal equations, so the
-result is as accurate as a QR of :math:`J^T` for the condition numbers met in training (the Gram
-approach costs one GEMM plus a few matrix-vector products with J, several times less than a
-Householder QR of an n x m matrix on a CPU). The unrefined error is about
-:math:`\epsilon_{64}\,\kappa(G)`; refinement is skipped when :math:`\kappa(G) = \lambda_{\max}/\lambda_{\min}`
-of the kept eigenvalues is at most ``REFINE_ABOVE_CONDITION`` (error below ~1e-13 without it), which
-halves the passes over J for well-conditioned constraints.
+least-squares solution of :math:`J x = c`. The optimizers need both at once and merge them by linearity
+(:func:`merged_step`): one pass for :math:`J w`, one for :math:`J^T z`,
+
+.. math::
+    \delta = a P w - J^+ (s c) = a w - J^T z, \qquad z = G^+ (s c + a J w).
+
+Iterative refinement (residual :math:`-s\,U_r U_r^T c - J \delta` from exact products, correction
+:math:`J^T G^+ r`, two passes over J) removes the errors of the first pass: that of the normal
+equations (each step multiplies it by about :math:`q = \kappa(G)\,\epsilon_G`, :math:`\epsilon_G` the
+Gram's relative error) and, for float32 J, the cancellation in :math:`J^T z` (:math:`z` grows like
+:math:`1/\sigma_{\min}^2` while :math:`J^T z` like :math:`1/\sigma_{\min}`: a relative error
+:math:`\sim\epsilon_{32}\,\kappa(J)`). :func:`refinement_plan` picks the number of steps, or the exact
+float64 Gram when the blocked one is too inaccurate for the conditioning of J.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -33,102 +49,301 @@ DEFAULT_RCOND = 1e-7
 (The float64 Gram matrix resolves singular-value ratios down to ~1e-8: a smaller rcond is not meaningful.)"""
 
 REFINE_ABOVE_CONDITION = 1e3
-"""Iterative refinement is applied when the condition number of the kept part of J J^T exceeds this."""
+"""float64 data: iterative refinement is applied when the condition number of the kept part of J J^T
+exceeds this (the unrefined error is then ~1e-13 or less)."""
+
+GRAM_BLOCK = 512
+"""Columns per float32 product block of the Gram matrix (blocks are summed in float64)."""
+
+CHUNK_ELEMENTS = 1 << 18
+"""float64 entries of J converted at a time by :func:`exact_matvec` / :func:`exact_gram` (2 MiB: an L2
+cache), i.e. ``chunk_columns(m)`` columns."""
 
 
+def chunk_columns(m: int) -> int:
+    """Columns per float64 chunk of an m-row J."""
+    return max(1024, min(65536, CHUNK_ELEMENTS // max(m, 1)))
+
+TARGET_ERROR = 1e-6
+"""Refine until the estimated relative error of J delta = -s c is below this (float32 data; about the
+rounding error of a float32 step itself at cond(J) = 1e3)."""
+
+MAX_REFINEMENTS = 2
+"""Beyond this many refinement steps with the blocked Gram, the exact (float64-product) Gram is used."""
+
+
+# ---------------------------------------------------------------------------- products with J
+def gram(J: Tensor) -> Tensor:
+    """G = J J^T in float64 (exact products for float64 J; float32 products over column blocks of
+    ``GRAM_BLOCK`` summed in float64 otherwise), symmetrized."""
+    m, n = J.shape
+    if J.dtype == torch.float64:
+        G = J @ J.T
+    else:
+        blocks = n // GRAM_BLOCK
+        full = blocks * GRAM_BLOCK
+        G = torch.zeros(m, m, dtype=torch.float64, device=J.device)
+        if blocks:
+            Jb = J[:, :full].view(m, blocks, GRAM_BLOCK).transpose(0, 1)
+            G += torch.bmm(Jb, Jb.transpose(1, 2)).sum(0, dtype=torch.float64)
+        if full < n:
+            rest = J[:, full:]
+            G += (rest @ rest.T).to(torch.float64)
+    return 0.5 * (G + G.T)
+
+
+def exact_gram(J: Tensor, workspace: Tensor | None = None) -> Tensor:
+    """G = J J^T from float64 products (exact to float64 round-off), converting J chunk by chunk
+    into ``workspace`` (float64, shape (m, chunk)) so that no float64 copy of all of J is made."""
+    if J.dtype == torch.float64:
+        return gram(J)
+    m, n = J.shape
+    if workspace is None:
+        workspace = torch.empty(m, min(n, chunk_columns(m)), dtype=torch.float64, device=J.device)
+    chunk = workspace.shape[1]
+    G = torch.zeros(m, m, dtype=torch.float64, device=J.device)
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        block = workspace[:, : stop - start]
+        block.copy_(J[:, start:stop])
+        G.addmm_(block, block.T)
+    return 0.5 * (G + G.T)
+
+
+def gram_error(n: int, dtype: torch.dtype) -> float:
+    r"""An estimate of the relative error :math:`\|G_{computed} - J J^T\| / \|J J^T\|` of :func:`gram`.
+
+    Float32 blocks: each block's result carries :math:`\sim\epsilon_{32}` relative error, independent
+    across the :math:`n/B` blocks, hence :math:`\epsilon_{32}\sqrt{B/n}` (measured: 2.6e-9 at n = 1e5 and
+    7.6e-10 at n = 1e6 with B = 512, against the estimate's 4.3e-9 and 1.4e-9)."""
+    eps = torch.finfo(dtype).eps
+    if dtype == torch.float64:
+        return eps
+    return eps * math.sqrt(min(GRAM_BLOCK, max(n, 1)) / max(n, 1))
+
+
+def matvec(J: Tensor, v: Tensor) -> Tensor:
+    """J v as float64 (a product in J's dtype: float32 accumulation for float32 J)."""
+    if J.dtype == torch.float64:
+        return J @ v.to(torch.float64)
+    return (J @ v.to(J.dtype)).to(torch.float64)
+
+
+def exact_matvec(J: Tensor, v: Tensor, workspace: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """J v from float64 products and sums (exact to float64 round-off for float32 J and v), converting
+    chunks of ``chunk_columns(m)`` columns into ``workspace`` = (float64 (m, chunk), float64 (chunk,))."""
+    if J.dtype == torch.float64 and v.dtype == torch.float64:
+        return J @ v
+    m, n = J.shape
+    if workspace is None:
+        chunk = min(n, chunk_columns(m))
+        workspace = (torch.empty(m, chunk, dtype=torch.float64, device=J.device),
+                     torch.empty(chunk, dtype=torch.float64, device=J.device))
+    J64, v64 = workspace
+    chunk = J64.shape[1]
+    out = torch.zeros(m, dtype=torch.float64, device=J.device)
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        a, b = J64[:, : stop - start], v64[: stop - start]
+        a.copy_(J[:, start:stop])
+        b.copy_(v[start:stop])
+        out.addmv_(a, b)
+    return out
+
+
+def add_rmatvec_(out: Tensor, J: Tensor, z: Tensor, alpha: float = 1.0) -> Tensor:
+    """out += alpha J^T z, in place (out and J share a dtype; z is cast to it)."""
+    return out.addmv_(J.T, z.to(J.dtype), alpha=alpha)
+
+
+# ---------------------------------------------------------------------------- the m x m algebra
+@dataclass
+class GramFactor:
+    """The pseudo-inverse of G = J J^T by an eigendecomposition, with a relative cutoff as a mask.
+
+    Attributes (all tensors, float64 unless said):
+        basis: U, all eigenvectors of G, shape (m, m).
+        inverse: keep_i / lambda_i, 0 for the dropped eigenvalues, shape (m,).
+        keep: the kept eigenvalues (bool), shape (m,).
+        rank: the numerical rank r of J (0-dim, int64).
+        smallest_singular_value: the smallest kept singular value of J (0-dim; 0 when r = 0).
+        condition: lambda_max / lambda_min of the kept eigenvalues (0-dim; 1 when r = 0).
+    """
+
+    basis: Tensor
+    inverse: Tensor
+    keep: Tensor
+    rank: Tensor
+    smallest_singular_value: Tensor
+    condition: Tensor
+
+    @classmethod
+    def from_gram(cls, G: Tensor, rcond: float = DEFAULT_RCOND) -> "GramFactor":
+        eigenvalues, basis = torch.linalg.eigh(G)
+        largest = eigenvalues[-1:].clamp_min(0.0)  # shape (1,): no host sync
+        keep = (eigenvalues > (rcond**2) * largest) & (largest > 0)
+        safe = torch.where(keep, eigenvalues, torch.ones_like(eigenvalues))
+        inverse = torch.where(keep, 1.0 / safe, torch.zeros_like(eigenvalues))
+        any_kept = keep.any()
+        kept_min = torch.where(keep, eigenvalues, torch.full_like(eigenvalues, math.inf)).min()
+        kept_min = torch.where(any_kept, kept_min, torch.ones_like(kept_min))
+        smallest = torch.where(any_kept, kept_min.clamp_min(0.0).sqrt(), torch.zeros_like(kept_min))
+        condition = torch.where(any_kept, largest[0] / kept_min, torch.ones_like(kept_min))
+        return cls(basis, inverse, keep, keep.sum(), smallest, condition)
+
+    @classmethod
+    def empty(cls, device: torch.device | None = None) -> "GramFactor":
+        z = torch.zeros(0, dtype=torch.float64, device=device)
+        scalar = torch.zeros((), dtype=torch.float64, device=device)
+        return cls(z.reshape(0, 0), z, z.bool(), torch.zeros((), dtype=torch.int64, device=device), scalar,
+                   scalar + 1.0)
+
+    def solve(self, b: Tensor) -> Tensor:
+        """G^+ b for b of shape (m,) or (m, k)."""
+        U = self.basis
+        weights = self.inverse if b.dim() == 1 else self.inverse[:, None]
+        return U @ (weights * (U.T @ b))
+
+    def range_part(self, c: Tensor) -> Tensor:
+        """U_r U_r^T c: the part of c that J can reach (c itself when J has full row rank)."""
+        U = self.basis
+        weights = self.keep.to(c.dtype) if c.dim() == 1 else self.keep.to(c.dtype)[:, None]
+        return U @ (weights * (U.T @ c))
+
+    def pinv_norm_sq(self, c: Tensor) -> Tensor:
+        """||J^+ c||^2 = c^T G^+ c (no pass over J)."""
+        return (self.inverse * (self.basis.T @ c) ** 2).sum()
+
+
+def refinement_plan(factor: GramFactor, n: int, dtype: torch.dtype) -> Tensor:
+    """The refinement to apply, as a 0-dim int64 tensor (read with one host sync by the caller):
+    ``k >= 0`` refinement steps with the Gram of :func:`gram`, or ``-1``: recompute the Gram with
+    :func:`exact_gram` first (then :func:`exact_refinements` steps).
+
+    float64 data: one step when cond(G) > ``REFINE_ABOVE_CONDITION``, else none. float32 data: each step
+    multiplies the error by :math:`r = \max(\kappa(G)\epsilon_G, \epsilon\sqrt{\kappa(G)})` (the Gram's
+    error; the cancellation in :math:`J^T z`), so the fewest k with :math:`r^{k+1} \le`
+    ``TARGET_ERROR``, if at most ``MAX_REFINEMENTS``."""
+    kappa = factor.condition
+    if dtype == torch.float64:
+        return (kappa > REFINE_ABOVE_CONDITION).to(torch.int64)
+    rate = _contraction(kappa, gram_error(n, dtype), torch.finfo(dtype).eps)
+    steps = torch.full((), -1, dtype=torch.int64, device=kappa.device)
+    for k in range(MAX_REFINEMENTS, -1, -1):
+        steps = torch.where(rate <= TARGET_ERROR ** (1.0 / (k + 1)), torch.full_like(steps, k), steps)
+    return steps
+
+
+def _contraction(kappa: Tensor | float, gram_eps: float, eps: float) -> Tensor | float:
+    if isinstance(kappa, Tensor):
+        return torch.maximum(kappa * gram_eps, eps * kappa.sqrt())
+    return max(kappa * gram_eps, eps * math.sqrt(kappa))
+
+
+def exact_refinements(factor: GramFactor, dtype: torch.dtype) -> int:
+    """Refinement steps with the exact Gram (a host-side decision, on that rare path only): the fewest
+    k with :math:`r^{k+1} \le` ``TARGET_ERROR`` for :math:`r = \max(\kappa\epsilon_{64}, \epsilon\sqrt\kappa)`,
+    at least one (the cancellation in :math:`J^T z`), at most 4."""
+    kappa = float(factor.condition)
+    rate = _contraction(kappa, torch.finfo(torch.float64).eps, torch.finfo(dtype).eps)
+    if rate >= 1.0:
+        return 4
+    steps = math.ceil(math.log(TARGET_ERROR) / math.log(rate)) - 1 if rate > 0 else 0
+    return min(max(steps, 1), 4)
+
+
+# ---------------------------------------------------------------------------- the merged step
+def merged_step(
+    J: Tensor,
+    factor: GramFactor,
+    w: Tensor | None,
+    a: float,
+    sc: Tensor,
+    refinements: int,
+    out: Tensor,
+    workspace: tuple[Tensor, Tensor] | None = None,
+    scaled: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> Tensor:
+    r"""out = a P w - J^+ (s c), merged: :math:`out = a w - J^T z`, :math:`z = G^+(sc + a J w)`.
+
+    Then :math:`J\,out = -U_r U_r^T (sc)` up to round-off, improved by ``refinements`` steps of iterative
+    refinement (residuals from :func:`exact_matvec`, with ``workspace``). ``w=None`` means w = 0 (the
+    normal step alone); ``sc`` is :math:`s c` (float64). Returns ``out`` (J's dtype), which may alias ``w``.
+
+    ``scaled = (J0, d, scratch)``: J is the (rounded) product ``J0 * d`` and the step in x is
+    ``d * out``; the residuals are then taken with J0 itself, :math:`-U_r U_r^T(sc) - J_0 (d \odot out)`,
+    so that the rounding of J is corrected too (``scratch``: an n-vector buffer).
+    """
+    if w is None:
+        out.zero_()
+        add_rmatvec_(out, J, factor.solve(sc), alpha=-1.0)
+    else:
+        z = factor.solve(sc + a * matvec(J, w)).to(J.dtype)
+        torch.addmv(w, J.T, z, beta=a, alpha=-1.0, out=out)  # a w - J^T z in one pass
+    if refinements:
+        target = -factor.range_part(sc)
+        for _ in range(refinements):
+            if scaled is None:
+                residual = target - exact_matvec(J, out, workspace)
+            else:
+                J0, d, scratch = scaled
+                residual = target - exact_matvec(J0, torch.mul(d, out, out=scratch), workspace)
+            add_rmatvec_(out, J, factor.solve(residual))
+    return out
+
+
+# ---------------------------------------------------------------------------- a factorization object
 @dataclass
 class NullSpace:
     """A factorization of J that applies the null-space projector and the pseudo-inverse.
 
     Attributes:
-        jacobian: J in float64, shape (m, n).
-        basis: U_r, the kept eigenvectors of J J^T, shape (m, r).
-        inverse_eigenvalues: 1 / lambda_i for the kept eigenvalues, shape (r,).
-        rank: r, the numerical rank of J.
-        smallest_singular_value: the smallest kept singular value of J (0.0 when r = 0).
-        refine: whether the projections apply one step of iterative refinement.
+        jacobian: J (any float dtype), shape (m, n).
+        factor: the :class:`GramFactor` of J J^T.
+        refine: the number of refinement steps the projections apply (from :func:`refinement_plan`).
     """
 
     jacobian: Tensor
-    basis: Tensor
-    inverse_eigenvalues: Tensor
-    rank: int
-    smallest_singular_value: float
-    refine: bool = True
+    factor: GramFactor
+    refine: int = 0
 
     @classmethod
-    def from_jacobian(cls, jacobian: Tensor, rcond: float = DEFAULT_RCOND, workspace: Tensor | None = None) -> "NullSpace":
-        """Factorize J (any float dtype; it is used in float64).
-
-        ``workspace``: an optional float64 buffer of J's shape to convert into (a large fresh
-        allocation per step costs page faults on a CPU: reuse one).
-        """
-        if jacobian.dtype == torch.float64:
-            J = jacobian
-        elif workspace is not None and workspace.shape == jacobian.shape and workspace.device == jacobian.device:
-            J = workspace.copy_(jacobian)
-        else:
-            J = jacobian.to(torch.float64)
-        m = J.shape[0]
+    def from_jacobian(cls, jacobian: Tensor, rcond: float = DEFAULT_RCOND) -> "NullSpace":
+        """Factorize J (host-side refinement decision: one sync; the optimizers decide in their step)."""
+        m, n = jacobian.shape
         if m == 0:
-            empty = J.new_zeros(0, 0)
-            return cls(J, empty, J.new_zeros(0), 0, 0.0, False)
-        gram = J @ J.T
-        gram = 0.5 * (gram + gram.T)
-        eigenvalues, eigenvectors = torch.linalg.eigh(gram)
-        largest = eigenvalues[-1].clamp_min(0.0)
-        keep = eigenvalues > (rcond**2) * largest
-        if largest <= 0:
-            keep = torch.zeros_like(keep)
-        basis = eigenvectors[:, keep]
-        kept = eigenvalues[keep]
-        rank = int(kept.numel())
-        smallest = float(kept[0].sqrt()) if rank else 0.0
-        refine = rank > 0 and float(kept[-1] / kept[0]) > REFINE_ABOVE_CONDITION
-        return cls(J, basis, 1.0 / kept, rank, smallest, refine)
+            return cls(jacobian, GramFactor.empty(jacobian.device), 0)
+        factor = GramFactor.from_gram(gram(jacobian), rcond)
+        steps = int(refinement_plan(factor, n, jacobian.dtype))
+        if steps < 0:
+            factor = GramFactor.from_gram(exact_gram(jacobian), rcond)
+            steps = exact_refinements(factor, jacobian.dtype)
+        return cls(jacobian, factor, steps)
+
+    @property
+    def rank(self) -> int:
+        return int(self.factor.rank)
+
+    @property
+    def smallest_singular_value(self) -> float:
+        return float(self.factor.smallest_singular_value)
 
     def solve_gram(self, b: Tensor) -> Tensor:
         """G^+ b for b of shape (m,) or (m, k)."""
-        U = self.basis
-        if b.dim() == 1:
-            return U @ (self.inverse_eigenvalues * (U.T @ b))
-        return U @ (self.inverse_eigenvalues[:, None] * (U.T @ b))
-
-    def range_part(self, c: Tensor) -> Tensor:
-        """U_r U_r^T c: the part of c that J can reach (c itself when J has full row rank)."""
-        return self.basis @ (self.basis.T @ c)
+        return self.factor.solve(b)
 
     def project(self, w: Tensor) -> Tensor:
-        """P w for w of shape (n,) or (n, k), with one refinement step."""
-        if self.rank == 0:
+        """P w (a new tensor in J's dtype)."""
+        if self.jacobian.shape[0] == 0:
             return w.clone()
-        J = self.jacobian
-        p = w - J.T @ self.solve_gram(J @ w)
-        if not self.refine:
-            return p
-        return p - J.T @ self.solve_gram(J @ p)
+        sc = torch.zeros(self.jacobian.shape[0], dtype=torch.float64, device=w.device)
+        out = torch.empty_like(w, dtype=self.jacobian.dtype)
+        return merged_step(self.jacobian, self.factor, w.to(self.jacobian.dtype), 1.0, sc, self.refine, out)
 
     def pseudo_solve(self, c: Tensor) -> Tensor:
-        """J^+ c: the minimum-norm least-squares x of J x = c, with one refinement step."""
+        """J^+ c: the minimum-norm least-squares x of J x = c."""
         J = self.jacobian
-        if self.rank == 0:
-            return J.new_zeros(J.shape[1])
-        x = J.T @ self.solve_gram(c)
-        if not self.refine:
-            return x
-        return x + J.T @ self.solve_gram(self.range_part(c) - J @ x)
-
-    def normal_and_projection(self, c: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(J^+ c, P w, J w) together, sharing the passes over J (J w is a by-product)."""
-        J = self.jacobian
-        Jw = J @ w
-        if self.rank == 0:
-            return J.new_zeros(J.shape[1]), w.clone(), Jw
-        correction = J.T @ self.solve_gram(torch.stack([c, Jw], dim=1))
-        x = correction[:, 0]
-        p = w - correction[:, 1]
-        if not self.refine:
-            return x, p, Jw
-        residual = torch.stack([self.range_part(c), torch.zeros_like(c)], dim=1) - J @ torch.stack([x, p], dim=1)
-        refine = J.T @ self.solve_gram(residual)
-        return x + refine[:, 0], p + refine[:, 1], Jw
+        out = torch.empty(J.shape[1], dtype=J.dtype, device=J.device)
+        if J.shape[0] == 0:
+            return out.zero_()
+        return merged_step(J, self.factor, None, 0.0, -c.to(torch.float64), self.refine, out)

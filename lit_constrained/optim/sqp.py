@@ -17,9 +17,10 @@ from .constrained import (
     MaxNormalStep,
     ParamsT,
     Precision,
+    Projection,
     Rho,
 )
-from .nullspace import DEFAULT_RCOND, NullSpace
+from .nullspace import DEFAULT_RCOND
 
 
 class SQPHeavyBall(ConstrainedOptimizer):
@@ -89,21 +90,16 @@ class SQPHeavyBall(ConstrainedOptimizer):
     def _init_state(self, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         return {"step": 0, "momentum": torch.zeros(n, dtype=dtype, device=device)}
 
-    def _directions(
-        self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Tensor] | None
-    ) -> tuple[Tensor, Tensor, NullSpace]:
-        nullspace = self._factorize(jacobian)
-        pinv_c, projected_g, Jg = nullspace.normal_and_projection(c, g)
-        if diagnostics is not None:
-            diagnostics["multiplier_norm"] = nullspace.solve_gram(c - Jg).norm()  # KKT multiplier of beta = 0
+    def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
+        return projected_gradient_setup(self, g, jacobian, c)
+
+    def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
+                 diagnostics: dict[str, Tensor] | None) -> Tensor:
+        u = projected_gradient(self, projection, g, diagnostics)  # P g
         r = state["momentum"]
-        any_momentum = False
         for group, block in self._group_blocks():
-            beta = float(group["momentum"])
-            any_momentum |= beta > 0
-            r[block].mul_(beta).add_(projected_g[block], alpha=-1.0 / float(group["h"]))
-        tangential = nullspace.project(r) if any_momentum else r.clone()
-        return -pinv_c, tangential, nullspace
+            r[block].mul_(float(group["momentum"])).add_(u[block], alpha=-1.0 / float(group["h"]))
+        return r  # d = v + P r: projected in the merged step
 
 
 class SQPAdam(ConstrainedOptimizer):
@@ -165,21 +161,53 @@ class SQPAdam(ConstrainedOptimizer):
         zeros = torch.zeros(n, dtype=dtype, device=device)
         return {"step": 0, "momentum": zeros, "second_moment": zeros.clone()}
 
-    def _directions(
-        self, g: Tensor, c: Tensor, jacobian: Tensor, state: dict[str, Any], diagnostics: dict[str, Tensor] | None
-    ) -> tuple[Tensor, Tensor, NullSpace]:
+    def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
+        return projected_gradient_setup(self, g, jacobian, c)
+
+    def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
+                 diagnostics: dict[str, Tensor] | None) -> Tensor:
         k = state["step"]
-        nullspace = self._factorize(jacobian)
-        pinv_c, projected_g, Jg = nullspace.normal_and_projection(c, g)
-        if diagnostics is not None:
-            diagnostics["multiplier_norm"] = nullspace.solve_gram(c - Jg).norm()  # KKT multiplier of beta = 0
+        u = projected_gradient(self, projection, g, diagnostics)  # P g (u_k = -P g / h)
         r, s = state["momentum"], state["second_moment"]
-        scaled = torch.empty_like(r)
-        for group, block in self._group_blocks():
+        w = self._buffer("direction", tuple(r.shape), r.dtype, r.device)
+        blocks = self._group_blocks()
+        etas = []
+        for group, block in blocks:
             beta1, beta2 = (float(b) for b in group["betas"])
-            u = projected_g[block].mul_(-1.0 / float(group["h"]))
-            r[block].mul_(beta1).add_(u)
-            s[block].mul_(beta2).addcmul_(u, u)
-            eta = (1.0 - beta1) * math.sqrt(1.0 - beta2**k) / math.sqrt(1.0 - beta2)
-            torch.div(r[block], (s[block] + float(group["eps"])).sqrt_(), out=scaled[block]).mul_(eta)
-        return -pinv_c, nullspace.project(scaled), nullspace
+            h = float(group["h"])
+            r[block].mul_(beta1).add_(u[block], alpha=-1.0 / h)
+            s[block].mul_(beta2).addcmul_(u[block], u[block], value=1.0 / h**2)
+            torch.add(s[block], float(group["eps"]), out=w[block]).sqrt_()
+            torch.div(r[block], w[block], out=w[block])  # r / sqrt(s + eps)
+            etas.append((1.0 - beta1) * math.sqrt(1.0 - beta2**k) / math.sqrt(1.0 - beta2))
+        if all(eta == etas[0] for eta in etas):
+            projection.tangent_scale = etas[0]  # folded into the merged step's scalar
+        else:
+            for eta, (_, block) in zip(etas, blocks):
+                w[block].mul_(eta)
+        if diagnostics is not None:
+            diagnostics["eta"] = torch.tensor(etas[0], dtype=torch.float64, device=r.device)
+        return w  # d = v + eta P(r / sqrt(s + eps)): projected in the merged step
+
+
+def projected_gradient_setup(opt: ConstrainedOptimizer, g: Tensor, jacobian: Tensor, c: Tensor) -> Projection:
+    """Factor J J^T and form J g (float32 products are enough: P g is projected again in the step).
+    A NaN/inf in g shows in J g, one in J in the Gram matrix."""
+    factor, finite = opt._factorize(jacobian)
+    Jg = (jacobian @ g).to(torch.float64)
+    return Projection(jacobian, factor, finite & torch.isfinite(Jg).all(), {"Jg": Jg, "c": c})
+
+
+def projected_gradient(opt: ConstrainedOptimizer, projection: Projection, g: Tensor,
+                       diagnostics: dict[str, Tensor] | None) -> Tensor:
+    """P g = g - J^T G^+ J g into a workspace (one pass over J)."""
+    factor, Jg = projection.factor, projection.extras["Jg"]
+    u = opt._buffer("projected_gradient", tuple(g.shape), g.dtype, g.device)
+    if not Jg.numel():
+        return u.copy_(g)
+    J = projection.jacobian
+    torch.addmv(g, J.T, factor.solve(Jg).to(J.dtype), alpha=-1.0, out=u)
+    if Jg.numel():
+        if diagnostics is not None:  # the KKT multiplier of beta = 0
+            diagnostics["multiplier_norm"] = factor.solve(projection.extras["c"] - Jg).norm()
+    return u
