@@ -6,3 +6,4 @@ from .nullspace import NullSpace
 from .sqp import SQPAdam, SQPHeavyBall
 from .constant_step_adam import ConstantStepAdam
 from .momo import MoMo, MoMoAdam
+from .sqp_momo import SQPMoMo, SQPMoMoAdam
