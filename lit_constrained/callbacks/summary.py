@@ -76,6 +76,7 @@ class FitSummary(Callback):
         self._last_batch: Any = None
         self._evals: dict[str, _EvalCount] = {}
         self._last_val_step: int | None = None
+        self._m_eval: int | None = None  # m seen at evaluation (validate/test without a fit)
 
     # ------------------------------------------------------------------ bookkeeping
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -98,7 +99,10 @@ class FitSummary(Callback):
         # the evaluation step returns the imposed c and, for a task that overrides
         # validation_constraints, its residual r over all points; r is what the residual figure covers
         if isinstance(outputs, dict):
-            residual = outputs.get("validation_constraints", outputs.get("constraints"))
+            imposed = outputs.get("constraints")
+            if isinstance(imposed, Tensor) and self._m is None:
+                self._m_eval = imposed.numel()
+            residual = outputs.get("validation_constraints", imposed)
             self._evals.setdefault(stage, _EvalCount()).add(residual)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -136,12 +140,14 @@ class FitSummary(Callback):
             rows = count.rows if count is not None else 0
             world = getattr(getattr(pl_module, "trainer", None), "world_size", 1) or 1
             per_rank = f" on each of {world} ranks" if world > 1 else ""
-            m = f"training imposes {self._m}" if self._m else "the imposed ones are constraints()"
+            m_imposed = self._m or self._m_eval
+            m = f"training imposes {m_imposed}: constraints()" if m_imposed else "the imposed ones are constraints()"
             if overrides(pl_module, "validation_constraints"):
                 return f"max |r| over all {rows} residuals of validation_constraints(){per_rank} ({m})"
             return f"max |c| over the {rows} imposed constraints, constraints() on the {stage} data{per_rank}"
         if "violation" in lowered:
-            m = f"m = {self._m} " if self._m else ""
+            m_imposed = self._m or self._m_eval
+            m = f"m = {m_imposed} " if m_imposed else ""
             return f"max |c| of the {m}imposed constraints, constraints() on the {stage} data"
         if name.lower() == "objective" or lowered.startswith("objective/"):
             return f"objective() on the {stage} data, mean over batches"
