@@ -322,16 +322,20 @@ class ConstrainedModule(pl.LightningModule, ABC):
             write_scalars(self.trainer, metrics, step)
 
     def _evaluate(self, batch: Any, stage: str) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, Tensor]]:
-        """f, the imposed constraints c, the residual over all points (None unless the task overrides
-        validation_constraints) and the task's metrics on one evaluation batch."""
+        """f, the imposed constraints c (None unless :attr:`constraints_shared`), the residual over all
+        points (None unless the task overrides validation_constraints or its constraints are per rank)
+        and the task's metrics on one evaluation batch."""
         # residuals need input derivatives: leave Lightning's inference mode for this step
         with torch.inference_mode(False), torch.enable_grad():
             batch = _clone_tensors(batch)
             name = type(self).__name__
             f = check_objective(self.objective(batch), f"{name}.objective()")
-            c = check_constraints(self.constraints(batch), f"{name}.constraints()", None, False)
+            # the imposed constraints are one fixed set only when shared (the same on every rank and in
+            # every batch); per-rank constraints at validation are the residual of the val batches
+            shared = bool(self.constraints_shared)
+            c = check_constraints(self.constraints(batch), f"{name}.constraints()", None, False) if shared else None
             r = None
-            if self._has_residual():
+            if self._has_residual() or not shared:
                 r = check_constraints(self.validation_constraints(batch), f"{name}.validation_constraints()", None, False)
             metrics = self.evaluation_metrics(batch, stage)
         detach = lambda t: None if t is None else t.detach()  # noqa: E731

@@ -356,7 +356,8 @@ def test_variant_two_processes_equal_one_process(
     logged, logged_ref = _metrics_by_step(rank0), _metrics_by_step(ref)
     assert sorted(logged) == sorted(logged_ref)
     for key, value in logged.items():
-        assert value == pytest.approx(logged_ref[key], rel=_rel(key[1]), abs=1e-14), key
+        tiny = 1e-12 if key[1] == "optim/linearized_feasibility_error" else 1e-14  # a round-off measure (~1e-13)
+        assert value == pytest.approx(logged_ref[key], rel=_rel(key[1]), abs=tiny), key
     if name in helpers.JACOBIAN_OPTIMIZERS:
         rows = {"one_anchor": [[(1, 0, 1)], [(1, 1, 1)]], "per_rank": [[(2, 0, 2)], [(2, 0, 2)]]}[variant]
         assert [rank0["jacobian_rows"], rank1["jacobian_rows"]] == [r * STEPS for r in rows]

@@ -17,7 +17,10 @@ It reads the residuals from what the step hooks return (``{"objective": f, "cons
 * **train**: the training constraints are already the mean over ranks and the same on every rank, so
   the train metrics never sync (``sync_on_compute=False``); each step's value is computed from that
   step's residuals alone and logged on step.
-* **val / test**: each rank holds its own shard of a (possibly larger) constraint set, e.g. the residual
+* **val / test**, ``source="constraints"`` of a module with ``constraints_shared`` (ConstrainedModule):
+  the imposed constraints are one fixed set, the same in every batch and on every rank: each batch's
+  value is computed alone (no sync) and the epoch value is their mean (the value itself).
+* **val / test**, otherwise: each rank holds its own shard of a (possibly larger) constraint set, e.g. the residual
   at all collocation points; the metrics accumulate over the epoch and sync across ranks when Lightning
   computes them at epoch end, so the logged value is the value on the whole constraint set. One set of
   metrics is kept per dataloader (Lightning adds ``/dataloader_idx_k`` to the keys).
@@ -111,7 +114,7 @@ class ConstraintViolationMonitor(Callback):
     def _stage_metrics(self, stage: str, dataloader_idx: int, pl_module: LightningModule) -> torch.nn.ModuleDict:
         key = f"{stage}_{dataloader_idx}"
         if key not in self.metrics:
-            sync = stage != "train"
+            sync = stage != "train" and not self._one_shared_set(pl_module)
             group = torch.nn.ModuleDict()
             for name in self.metric_names:
                 kwargs: dict[str, Any] = {"sync_on_compute": sync}
@@ -179,6 +182,12 @@ class ConstraintViolationMonitor(Callback):
             metric.reset()
             pl_module.log(f"{self.family}/train/{name}", value, on_step=True, on_epoch=False, prog_bar=self.prog_bar)
 
+    def _one_shared_set(self, pl_module: LightningModule) -> bool:
+        """Whether the evaluation residuals are ONE fixed constraint set, the same in every batch and on
+        every rank: the imposed constraints of a module that says so (``constraints_shared``, as
+        ConstrainedModule). Their norms are then taken per batch, never summed over batches or ranks."""
+        return self.source == "constraints" and bool(getattr(pl_module, "constraints_shared", False))
+
     def _evaluation_batch_end(self, stage: str, outputs: Any, dataloader_idx: int, pl_module: LightningModule) -> None:
         if stage not in self.stages:
             return
@@ -186,6 +195,16 @@ class ConstraintViolationMonitor(Callback):
         if c is None:
             return
         key = f"{stage}_{dataloader_idx}"
+        if self._one_shared_set(pl_module):
+            for name, metric in self._stage_metrics(stage, dataloader_idx, pl_module).items():
+                metric.update(c)
+                value = metric.compute()  # no sync: the same set on every rank
+                metric.reset()
+                # identical in every batch at fixed weights: the epoch mean is that value
+                # (sync_dist: a mean of equal values, so Lightning does not warn about epoch logging)
+                pl_module.log(f"{self.family}/{stage}/{name}", value, on_step=False, on_epoch=True,
+                              prog_bar=self.prog_bar, batch_size=1, sync_dist=True)
+            return
         for name, metric in self._stage_metrics(stage, dataloader_idx, pl_module).items():
             assert isinstance(metric, ViolationMetric)
             metric.update(c)
