@@ -292,6 +292,10 @@ def darcy_dataset(
     return out
 
 
+#: version of :func:`darcy_dataset` (part of the cache key): raise it whenever its output changes
+GENERATOR_VERSION = "1"
+
+
 class DarcyData(L.LightningDataModule):
     """Darcy permeabilities and solutions as batches of whole samples (float64; the task casts).
 
@@ -361,7 +365,7 @@ class DarcyData(L.LightningDataModule):
         if self.tensors:
             return
         args = self._generation_args()
-        arrays = cached_arrays("darcy", args, lambda: darcy_dataset(**args), self.hparams.cache_dir)
+        arrays = cached_arrays("darcy", args, lambda: darcy_dataset(**args), self.hparams.cache_dir, GENERATOR_VERSION)
         self.tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
 
     @property
