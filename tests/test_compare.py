@@ -186,6 +186,8 @@ def test_default_budget_is_the_paper_configs_and_every_output_states_the_fractio
         assert (epochs, path) == (paper["trainer"]["max_epochs"], ROOT / "configs" / task / "paper" / "sqp_adam.yaml")
     embedded = yaml.safe_load((ROOT / "configs" / "spring" / "sqp_adam.yaml").read_text())["trainer"]["max_epochs"]
     assert config_budget(ROOT / "configs", "spring", prefer_paper=False)[0] == embedded
+    curve = yaml.safe_load((ROOT / "configs" / "curve" / "sqp_adam.yaml").read_text())["trainer"]["max_epochs"]
+    assert config_budget(ROOT / "configs", "curve")[0] == curve  # no paper configs: the task's own
 
     budget = resolve_budget(10000, "s.yaml", "paper", fraction=0.05)
     assert budget.epochs == 500 and budget.fraction == 0.05
@@ -207,8 +209,9 @@ def test_default_budget_is_the_paper_configs_and_every_output_states_the_fractio
     assert "budget fraction 0.05 (500 of 10000 epochs), paper size" in captured.err
     for name in ("table.md", "verdict.md"):
         assert "budget fraction 0.05 (500 of 10000 epochs), paper size" in (tmp_path / "b" / name).read_text()
-    assert main([*common, "--out", str(tmp_path / "c"), "--embedded-configs", "--max-epochs", "50"]) == 0
-    assert f"budget fraction {50 / embedded:.3g} (50 of {embedded} epochs), embedded size" in capsys.readouterr().err
+    # the embedded (small) configs: the fraction is still of the paper's budget
+    assert main([*common, "--out", str(tmp_path / "c"), "--embedded-configs", "--budget-fraction", "0.05"]) == 0
+    assert "budget fraction 0.05 (500 of 10000 epochs), embedded size" in capsys.readouterr().err
 
 
 def test_execution_order_full_batch_first_then_minibatch_seed_by_seed():

@@ -70,8 +70,8 @@ def parser() -> argparse.ArgumentParser:
                    help="validate (objective, test error) every N epochs (default: max(1, max_epochs // 100))")
     p.add_argument("--config-dir", type=Path, default=Path("configs"), help="folder of <task>/<method>.yaml")
     p.add_argument("--embedded-configs", action="store_true",
-                   help="take <task>/<method>.yaml (small, fast problem sizes) before <task>/paper/<method>.yaml; "
-                        "the budget fraction is then of the embedded configs' epochs")
+                   help="take <task>/<method>.yaml (small, fast problem sizes) before <task>/paper/<method>.yaml "
+                        "(the budget fraction is still of the paper configs' epochs)")
     p.add_argument("--paper-configs", action="store_true",
                    help="the paper's configs first (the default; kept for older command lines)")
     p.add_argument("--out", type=Path, default=None,
@@ -89,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``lit-constrained compare``; returns 0, or 1 when some runs failed."""
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    from .configs import config_budget
+    from .configs import config_budget, find_config
     from .report import write_report
     from .runner import available_cores, run_grid
 
@@ -98,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("--embedded-configs and --paper-configs exclude each other.")
     prefer_paper = not args.embedded_configs
     try:
-        reference, source = config_budget(args.config_dir, args.task, prefer_paper)
-        size = "paper" if source.parent.name == "paper" else "embedded"
+        reference, source = config_budget(args.config_dir, args.task)  # the paper configs' epochs, always
+        used, _ = find_config(args.config_dir, args.task, "sqp_adam", prefer_paper)
+        size = "paper" if used.parent.name == "paper" else "embedded"
         budget = resolve_budget(reference, str(source), size, args.max_epochs, args.budget_fraction)
         rho_variants = [parse_rho(r) for r in args.rho]
         runs = build_grid(
