@@ -249,8 +249,13 @@ class _MoMoBase(Optimizer, ABC):
         """The per-parameter state at the first step."""
 
     @abstractmethod
-    def _update_moments(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], list[Tensor], float]:
-        """Update the moments of one group; return (d, U, s) with D^{-1} d = s * U."""
+    def _moments_and_dots(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], float, list[Tensor]]:
+        """Update the moments of one group; return (U, s, dots) with D^{-1} d = s * U and, per tensor
+        of the group, the inner products <g, x>, <d, x>, <d, U> (in that order, interleaved).
+
+        One tensor at a time, all of its passes in a row (the tensor stays in cache between them): on
+        CPU this was 4-14 % faster than one pass over all tensors per operation (benchmarks/bench_momo.py).
+        """
 
     @abstractmethod
     def _apply(self, g: _Group, step: Tensor, direction: list[Tensor]) -> None:
@@ -342,17 +347,14 @@ class _MoMoBase(Optimizer, ABC):
                                                   [p for g in groups for p in g.params], dtype))
 
         # 2. moments, then all inner products in one table: <g, x>, <d, x>, <d, D^-1 d> / s per tensor
-        directions, scales, sizes = [], [], []
-        gx_dots, dx_dots, du_dots = [], [], []
+        directions, scales, sizes, dots = [], [], [], []
         for g in groups:
-            d, u, s = self._update_moments(k, g, weight)
+            u, s, group_dots = self._moments_and_dots(k, g, weight)
             directions.append(u)
             scales.append(s)
-            sizes.append(len(d))
-            gx_dots += [_dot(a, x) for a, x in zip(g.grads, g.params)]
-            dx_dots += [_dot(a, x) for a, x in zip(d, g.params)]
-            du_dots += [_dot(a, b) for a, b in zip(d, u)]
-        table = torch.stack(gx_dots + dx_dots + du_dots).to(dtype).view(3, -1)
+            sizes.append(len(u))
+            dots += group_dots
+        table = torch.stack(dots).to(dtype).view(-1, 3).t()  # rows: <g, x>, <d, x>, <d, U> per tensor
         if len(groups) == 1:
             gx, d_dot_x, du = table.sum(1).unbind()
             dnorms = [scales[0] * du]
@@ -490,10 +492,13 @@ class MoMo(_MoMoBase):
     def _init_param_state(self, p: Tensor) -> dict[str, Tensor]:
         return {"grad_avg": torch.zeros_like(p, memory_format=torch.preserve_format)}
 
-    def _update_moments(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], list[Tensor], float]:
-        d = [s["grad_avg"] for s in g.states]
-        torch._foreach_lerp_(d, g.grads, weight)
-        return d, d, 1.0
+    def _moments_and_dots(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], float, list[Tensor]]:
+        directions, dots = [], []
+        for x, grad, state in zip(g.params, g.grads, g.states):
+            d = state["grad_avg"].lerp_(grad, weight)
+            directions.append(d)
+            dots += [_dot(grad, x), _dot(d, x), _dot(d, d)]
+        return directions, 1.0, dots
 
     def _apply(self, g: _Group, step: Tensor, direction: list[Tensor]) -> None:
         shrink = 1.0 + float(g.group["lr"]) * float(g.group["weight_decay"])
@@ -584,25 +589,24 @@ class MoMoAdam(_MoMoBase):
             "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
         }
 
-    def _update_moments(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], list[Tensor], float]:
-        beta2 = float(g.group["betas"][1])
-        d = [s["exp_avg"] for s in g.states]
-        v = [s["exp_avg_sq"] for s in g.states]
-        torch._foreach_lerp_(d, g.grads, weight)
-        torch._foreach_mul_(v, beta2)
-        torch._foreach_addcmul_(v, g.grads, g.grads, value=1.0 - beta2)
+    def _moments_and_dots(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], float, list[Tensor]]:
         # D = eps + sqrt(v / c2) = (sqrt(v) + eps * sqrt(c2)) / sqrt(c2): with denom = sqrt(v) + eps sqrt(c2),
         # D^{-1} d = sqrt(c2) * (d / denom), one elementwise pass fewer than forming D itself.
-        # The result goes into a persistent workspace (not part of the state): allocating n floats per
+        # U = d / denom goes into a persistent workspace (not part of the state): allocating n floats per
         # step cost more than the arithmetic on CPU (page faults), see benchmarks/bench_momo.py.
+        beta2 = float(g.group["betas"][1])
         root_c2 = math.sqrt(1.0 - beta2**k)
+        eps = float(g.group["eps"]) * root_c2
         work = self._workspace(g)
-        for vi, wi in zip(v, work):
-            torch.sqrt(vi, out=wi)
-        torch._foreach_add_(work, float(g.group["eps"]) * root_c2)
-        for di, wi in zip(d, work):
-            torch.div(di, wi, out=wi)
-        return d, work, root_c2
+        dots = []
+        for x, grad, state, u in zip(g.params, g.grads, g.states, work):
+            d = state["exp_avg"].lerp_(grad, weight)
+            state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+            torch.sqrt(state["exp_avg_sq"], out=u)
+            u.add_(eps)
+            torch.div(d, u, out=u)
+            dots += [_dot(grad, x), _dot(d, x), _dot(d, u)]
+        return work, root_c2, dots
 
     def _workspace(self, g: _Group) -> list[Tensor]:
         """One scratch tensor per parameter (the real view's shape), reused across steps."""
