@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Screenshots of TensorBoard as a user first sees it: the opening view and the Images tab.
 
-Starts ``tensorboard`` on 127.0.0.1 (a free port) over LOGDIR, waits until its data are loaded, and
-saves what headless Chromium renders::
+Starts ``tensorboard`` on 127.0.0.1 (a free port) over LOGDIR, waits until all its data are loaded
+(the count of scalar points it serves stops growing), and saves what headless Chromium renders::
 
     python scripts/tensorboard_screenshots.py lightning_logs docs/     # -> docs/tensorboard_opening.png,
                                                                        #    docs/tensorboard_images.png
@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -52,6 +53,31 @@ def wait_for_runs(url: str, timeout_s: float) -> list[str]:
             pass
         time.sleep(0.5)
     raise TimeoutError(f"TensorBoard at {url} listed no runs within {timeout_s:.0f} s: is the logdir right?")
+
+
+def _get_json(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def wait_until_loaded(url: str, timeout_s: float, settle_s: float = 3.0) -> None:
+    """Wait until TensorBoard has read every event: the number of scalar points it serves stops
+    growing for ``settle_s`` (it lists runs as soon as it finds them, before their data are loaded)."""
+    deadline = time.monotonic() + timeout_s
+    last, stable_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        total = 0
+        tags = _get_json(f"{url}/data/plugin/scalars/tags")
+        for run, run_tags in dict(tags).items():
+            for tag in run_tags:
+                query = urllib.parse.urlencode({"run": run, "tag": tag})
+                total += len(_get_json(f"{url}/data/plugin/scalars/scalars?{query}"))
+        if total != last:
+            last, stable_since = total, time.monotonic()
+        elif time.monotonic() - stable_since >= settle_s:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"TensorBoard at {url} was still loading after {timeout_s:.0f} s")
 
 
 def screenshot(chromium: str, url: str, path: Path, width: int, height: int, budget_ms: int) -> None:
@@ -91,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         runs = wait_for_runs(url, args.timeout_s)
+        wait_until_loaded(url, args.timeout_s)
         print(f"TensorBoard {url}: runs {runs}")
         for view, fragment in VIEWS.items():
             path = (args.outdir / f"{args.prefix}{view}.png").resolve()

@@ -46,10 +46,11 @@ RESIDUAL = "residual"
 DIAGNOSTICS = "optim"
 FIGURE = "prediction"
 
-#: Diagnostics not charted: ``violation_max`` is ``Violation/train``; ``step_norm`` is
+#: Diagnostics not charted: ``violation_max`` is ``Violation/train`` (``violation_ratio`` the same over
+#: its first value); ``step_norm`` is
 #: sqrt(normal^2 + tangential^2) of the two orthogonal parts, both charted; ``direction_norm`` is
 #: ``step_norm / lr``.
-REDUNDANT_DIAGNOSTICS = frozenset({"violation_max", "step_norm", "direction_norm"})
+REDUNDANT_DIAGNOSTICS = frozenset({"violation_max", "violation_ratio", "step_norm", "direction_norm"})
 
 
 def tag(family: str, stage: str) -> str:
