@@ -305,3 +305,45 @@ def test_the_loss_is_required_and_bad_inputs_are_named() -> None:
     with pytest.raises(ValueError, match="loss is not finite"):
         opt.step(lambda: math.inf, constraints=torch.zeros(1, dtype=F64), jacobian=torch.ones(1, 3, dtype=F64))
     assert torch.equal(x.detach(), torch.zeros(3, dtype=F64)) and not opt.state  # nothing changed
+
+
+@pytest.mark.parametrize("cls", [SQPMoMo, SQPMoMoAdam])
+def test_groups_with_different_lrs_keep_the_linearized_constraints(cls: type) -> None:
+    # each group has its own tau_i = min(lr_i / rho, zeta); -diag(tau) P d is projected again, so J dx = -c
+    a, b = torch.nn.Parameter(x0()[:3].clone()), torch.nn.Parameter(x0()[3:].clone())
+    opt = cls([{"params": [a], "lr": 1e-3}, {"params": [b], "lr": 2.0}])
+    differed = False
+    for k in range(5):
+        opt.zero_grad()
+        x = torch.cat([a, b])
+        loss = objective(x, k)
+        loss.backward()
+        c = constraints(x.detach())
+        J = constraint_jacobian(constraints(torch.cat([a, b])), [a, b])
+        before = torch.cat([a, b]).detach()
+        opt.step(lambda: loss, constraints=c, jacobian=J, diagnostics=True)
+        differed |= float(opt.diagnostics["tau/group0"]) != float(opt.diagnostics["tau/group1"])
+        torch.testing.assert_close(J @ (torch.cat([a, b]).detach() - before), -c, rtol=1e-10, atol=1e-12)
+    assert differed
+
+
+@pytest.mark.parametrize("cls", [SQPMoMo, SQPMoMoAdam])
+def test_rank_deficient_jacobian_and_the_normal_step_cap(cls: type) -> None:
+    # a duplicated constraint row: the numerical rank is 1, the step stays finite and J dx = -c (c consistent);
+    # max_normal_step = r caps ||n|| <= r ||x||
+    x = torch.nn.Parameter(torch.ones(4, dtype=F64))
+    row = torch.tensor([1.0, 2.0, -1.0, 0.5], dtype=F64)
+    J, c = torch.stack([row, row]), torch.tensor([3.0, 3.0], dtype=F64)
+    x.grad = torch.tensor([0.3, -0.2, 0.1, 0.4], dtype=F64)
+    opt = cls([x], lr=0.1)
+    opt.step(lambda: torch.tensor(0.5, dtype=F64), constraints=c, jacobian=J, diagnostics=True)
+    assert int(opt.diagnostics["rank"]) == 1
+    torch.testing.assert_close(J @ (x.detach() - 1.0), -c, rtol=1e-12, atol=1e-12)
+
+    capped = torch.nn.Parameter(torch.ones(4, dtype=F64))
+    capped.grad = torch.zeros(4, dtype=F64)
+    opt = cls([capped], lr=0.1, max_normal_step=0.1)
+    opt.step(lambda: torch.tensor(0.5, dtype=F64), constraints=c[:1], jacobian=J[:1], diagnostics=True)
+    assert float((torch.linalg.pinv(J[:1]) @ c[:1]).norm()) > 0.2  # the full normal step is longer than the cap
+    assert float(opt.diagnostics["normal_step_norm"]) == pytest.approx(0.2, rel=1e-12)  # 0.1 ||x||, ||x|| = 2
+    assert float((capped.detach() - 1.0).norm()) == pytest.approx(0.2, rel=1e-12)  # g = 0: only the normal step
