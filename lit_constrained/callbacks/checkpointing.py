@@ -91,7 +91,9 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         self.max_every_n_steps = int(max_every_n_steps)
         self.handle_signals = handle_signals
         self.interval = every_n_steps or 1
-        self.save_seconds: list[float] = []
+        self.save_seconds: list[float] = []  # the last 20 saves' durations (the interval's estimate)
+        self.total_save_seconds = 0.0
+        self.num_saves = 0
         self._step_seconds = 0.0
         self._steps_timed = 0
         self._last_batch_end: float | None = None
@@ -114,7 +116,10 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         if self.dirpath is None:
             self.dirpath = stable_checkpoint_dir(trainer)
         super().setup(trainer, pl_module, stage)
-        if stage == "fit" and self.handle_signals:
+        # one process: Ctrl+C stops after the step. Under DDP every rank gets the terminal's SIGINT at its
+        # own moment, so the ranks could stop at different steps: leave Ctrl+C to Lightning there (SIGTERM
+        # is broadcast from rank 0 by Lightning at every step)
+        if stage == "fit" and self.handle_signals and trainer.world_size == 1:
             self._install_sigint()
 
     def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
@@ -184,8 +189,10 @@ class CrashSafeCheckpoint(ModelCheckpoint):
             return
         start = time.perf_counter()
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-        self.save_seconds.append(time.perf_counter() - start)
-        self.save_seconds = self.save_seconds[-20:]
+        elapsed = time.perf_counter() - start
+        self.total_save_seconds += elapsed
+        self.num_saves += 1
+        self.save_seconds = [*self.save_seconds[-19:], elapsed]
         self._last_saved_step = trainer.global_step
         self._adapt_interval()
 
