@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LightningCLI
 import lit_constrained.callbacks  # noqa: F401  (registers short class paths)
 import lit_constrained.optim  # noqa: F401
 import lit_constrained.tasks  # noqa: F401
+from lit_constrained.callbacks.checkpointing import resolve_last, with_default_checkpoint
 from lit_constrained.callbacks.monitoring import default_logger
 from lit_constrained.callbacks.progress import LineProgress
 from lit_constrained.class_spec import TRUSTED_MODULES, check_trusted, class_paths_in
@@ -28,7 +29,6 @@ from lit_constrained.cli_parsing import ConstrainedArgumentParser, RunConfigSave
 from lit_constrained.module import ConstrainedModule
 
 COMPARE_HELP = "Re-run the papers' comparisons (task x method x lr x seed): lit-constrained compare --help"
-
 
 
 class ConstrainedCLI(LightningCLI):
@@ -74,6 +74,20 @@ class ConstrainedCLI(LightningCLI):
             config = {**config, "logger": default_logger(self.model, config.get("default_root_dir"))}
         return config
     # --- end default logger ---
+
+    # --- crash-safe checkpoints (lit_constrained.callbacks.checkpointing) ---
+    def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
+        """Adds a CrashSafeCheckpoint (rolling last.ckpt) unless checkpointing is off or configured."""
+        callbacks = with_default_checkpoint({**self._get(self.config_init, "trainer", default={}), **kwargs})
+        if callbacks is not None:
+            kwargs["callbacks"] = callbacks
+        return super().instantiate_trainer(**kwargs)
+
+    def before_fit(self) -> None:
+        """``--ckpt_path last`` without a last checkpoint is an error (``last-or-fresh`` opts in to start fresh)."""
+        config = self.config_init[self.subcommand]
+        config["ckpt_path"] = resolve_last(self.trainer, config.get("ckpt_path"))
+    # --- end crash-safe checkpoints ---
 
 
 def put_working_directory_on_path() -> None:
