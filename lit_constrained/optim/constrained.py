@@ -81,6 +81,7 @@ from .nullspace import (
     exact_matvec,
     exact_refinements,
     gram,
+    gram_partials_shape,
     merged_step,
     chunk_columns,
     refinement_plan,
@@ -291,7 +292,11 @@ class ConstrainedOptimizer(Optimizer, ABC):
         eigendecomposition then runs on the identity instead, and the flag stops the step)."""
         if jacobian.shape[0] == 0:
             return GramFactor.empty(jacobian.device), torch.ones((), dtype=torch.bool, device=jacobian.device)
-        G = gram(jacobian)
+        partials = None
+        if jacobian.dtype != torch.float64:
+            partials = self._buffer("gram_partials", gram_partials_shape(tuple(jacobian.shape)), jacobian.dtype,
+                                    jacobian.device)
+        G = gram(jacobian, partials)
         finite = torch.isfinite(G).all()
         G = torch.where(finite, G, torch.eye(G.shape[0], dtype=G.dtype, device=G.device))
         return GramFactor.from_gram(G, self.param_groups[0]["rcond"]), finite

@@ -53,7 +53,13 @@ REFINE_ABOVE_CONDITION = 1e3
 exceeds this (the unrefined error is then ~1e-13 or less)."""
 
 GRAM_BLOCK = 512
-"""Columns per float32 product block of the Gram matrix (blocks are summed in float64)."""
+"""Columns per float32 product block of the Gram matrix (blocks are summed in float64), for m <= 16;
+``gram_block(m)`` grows it for more constraints so that the (n / block, m, m) partial products stay
+smaller than J."""
+
+
+def gram_block(m: int) -> int:
+    return GRAM_BLOCK if m <= 16 else GRAM_BLOCK * 4
 
 CHUNK_ELEMENTS = 1 << 18
 """float64 entries of J converted at a time by :func:`exact_matvec` / :func:`exact_gram` (2 MiB: an L2
@@ -73,19 +79,25 @@ MAX_REFINEMENTS = 2
 
 
 # ---------------------------------------------------------------------------- products with J
-def gram(J: Tensor) -> Tensor:
+def gram(J: Tensor, workspace: Tensor | None = None) -> Tensor:
     """G = J J^T in float64 (exact products for float64 J; float32 products over column blocks of
-    ``GRAM_BLOCK`` summed in float64 otherwise), symmetrized."""
+    ``gram_block(m)`` summed in float64 otherwise), symmetrized. ``workspace``: an optional buffer of
+    shape ``gram_partials_shape(J.shape)`` in J's dtype for the blocks' products."""
     m, n = J.shape
     if J.dtype == torch.float64:
         G = J @ J.T
     else:
-        blocks = n // GRAM_BLOCK
-        full = blocks * GRAM_BLOCK
+        block = gram_block(m)
+        blocks = n // block
+        full = blocks * block
         G = torch.zeros(m, m, dtype=torch.float64, device=J.device)
         if blocks:
-            Jb = J[:, :full].view(m, blocks, GRAM_BLOCK).transpose(0, 1)
-            G += torch.bmm(Jb, Jb.transpose(1, 2)).sum(0, dtype=torch.float64)
+            Jb = J[:, :full].view(m, blocks, block).transpose(0, 1)
+            if workspace is not None and tuple(workspace.shape) == (blocks, m, m):
+                partial = torch.bmm(Jb, Jb.transpose(1, 2), out=workspace)
+            else:
+                partial = torch.bmm(Jb, Jb.transpose(1, 2))
+            G += partial.sum(0, dtype=torch.float64)
         if full < n:
             rest = J[:, full:]
             G += (rest @ rest.T).to(torch.float64)
@@ -110,7 +122,7 @@ def exact_gram(J: Tensor, workspace: Tensor | None = None) -> Tensor:
     return 0.5 * (G + G.T)
 
 
-def gram_error(n: int, dtype: torch.dtype) -> float:
+def gram_error(n: int, dtype: torch.dtype, m: int = 1) -> float:
     r"""An estimate of the relative error :math:`\|G_{computed} - J J^T\| / \|J J^T\|` of :func:`gram`.
 
     Float32 blocks: each block's result carries :math:`\sim\epsilon_{32}` relative error, independent
@@ -119,7 +131,13 @@ def gram_error(n: int, dtype: torch.dtype) -> float:
     eps = torch.finfo(dtype).eps
     if dtype == torch.float64:
         return eps
-    return eps * math.sqrt(min(GRAM_BLOCK, max(n, 1)) / max(n, 1))
+    return eps * math.sqrt(min(gram_block(m), max(n, 1)) / max(n, 1))
+
+
+def gram_partials_shape(shape: tuple[int, int]) -> tuple[int, int, int]:
+    """The shape of :func:`gram`'s workspace for a J of ``shape``."""
+    m, n = shape
+    return (n // gram_block(m), m, m)
 
 
 def matvec(J: Tensor, v: Tensor) -> Tensor:
@@ -227,7 +245,7 @@ def refinement_plan(factor: GramFactor, n: int, dtype: torch.dtype) -> Tensor:
     kappa = factor.condition
     if dtype == torch.float64:
         return (kappa > REFINE_ABOVE_CONDITION).to(torch.int64)
-    rate = _contraction(kappa, gram_error(n, dtype), torch.finfo(dtype).eps)
+    rate = _contraction(kappa, gram_error(n, dtype, factor.basis.shape[0]), torch.finfo(dtype).eps)
     steps = torch.full((), -1, dtype=torch.int64, device=kappa.device)
     for k in range(MAX_REFINEMENTS, -1, -1):
         steps = torch.where(rate <= TARGET_ERROR ** (1.0 / (k + 1)), torch.full_like(steps, k), steps)

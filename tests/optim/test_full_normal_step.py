@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import math
+
 import pytest
 import torch
 
 from hock_schittkowski import HS6, HS28
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall, constraint_jacobian
+from lit_constrained.optim.constrained import ADAPTIVE_NORMAL_STEP, DEFAULT_MAX_NORMAL_STEP
 
 F64 = torch.float64
 
@@ -81,3 +85,82 @@ def test_normal_step_cap():
     # uncapped the normal step would be -5 along x1; capped to 0.01 * ||x|| = 0.01
     torch.testing.assert_close(x.detach(), torch.tensor([-0.01, 1.0], dtype=F64))
     assert opt.diagnostics["normal_step_capped"] == 1.0
+
+
+# ---------------------------------------------------------------------------- the default safeguard
+RULE = ADAPTIVE_NORMAL_STEP
+
+
+def linear_problem(opt_cls, **kwargs):
+    """x in R^2 at (0, 3), one linear constraint x1 = 5 (c = x1 - 5, J = [1, 0]), no objective."""
+    x = torch.nn.Parameter(torch.tensor([0.0, 3.0], dtype=F64))
+    return x, opt_cls([x], lr=0.1, **kwargs)
+
+
+def constrained_step(opt, x, c):
+    x.grad = torch.zeros(2, dtype=F64)
+    opt.step(constraints=torch.tensor([c], dtype=F64), jacobian=torch.tensor([[1.0, 0.0]], dtype=F64),
+             diagnostics=True)
+
+
+@pytest.mark.parametrize("opt_cls", [SQPHeavyBall, SQPAdam, AdamCon])
+def test_default_is_the_full_step_with_the_adaptive_radius(opt_cls):
+    x, opt = linear_problem(opt_cls)
+    assert opt.param_groups[0]["rho"] == "full" and opt.param_groups[0]["max_normal_step"] == DEFAULT_MAX_NORMAL_STEP
+    constrained_step(opt, x, -5.0)
+    # ||x|| = 3: the full normal step (5) is capped to 0.02 * 3
+    torch.testing.assert_close(x.detach(), torch.tensor([RULE.initial * 3.0, 3.0], dtype=F64))
+    assert opt.diagnostics["normal_step_capped"] == 1.0
+
+
+def test_the_radius_doubles_when_the_capped_step_achieves_the_predicted_decrease():
+    x, opt = linear_problem(SQPHeavyBall, momentum=0.0)
+    for k in range(1, 40):
+        before = float(x.detach()[0])
+        constrained_step(opt, x, float(x.detach()[0]) - 5.0)  # the true (linear) constraint: ratio 1
+        if float(x.detach()[0]) == pytest.approx(5.0, abs=1e-12):
+            break
+        x_norm = math.hypot(before, 3.0)
+        assert float(x.detach()[0]) - before == pytest.approx(RULE.initial * 2 ** (k - 1) * x_norm, rel=1e-12)
+    assert k <= 8  # from 0.02 ||x|| to the full step of 5 in a handful of steps
+    assert float(x.detach()[0]) == pytest.approx(5.0, abs=1e-12)
+
+
+def test_the_radius_halves_when_the_violation_does_not_decrease_as_predicted():
+    x, opt = linear_problem(SQPHeavyBall, momentum=0.0)
+    constrained_step(opt, x, -5.0)  # capped
+    radius = float(opt.state["flat"]["normal_radius"])
+    constrained_step(opt, x, -6.0)  # the violation grew: ratio < 0
+    assert float(opt.state["flat"]["normal_radius"]) == pytest.approx(radius * RULE.shrink, rel=1e-12)
+    assert float(opt.diagnostics["normal_radius"]) == pytest.approx(radius * RULE.shrink, rel=1e-12)
+    for _ in range(20):  # never below the smallest radius
+        constrained_step(opt, x, -6.0 - float(x.detach()[0]))
+    assert float(opt.state["flat"]["normal_radius"]) == pytest.approx(RULE.smallest, rel=1e-12)
+
+
+def test_uncapped_steps_leave_the_radius_alone():
+    x, opt = linear_problem(SQPHeavyBall, momentum=0.0)
+    constrained_step(opt, x, -1e-3)  # tiny normal step: not capped
+    assert opt.diagnostics["normal_step_capped"] == 0.0
+    constrained_step(opt, x, 1.0)  # an "increase" of the violation after an uncapped step
+    assert float(opt.state["flat"]["normal_radius"]) == RULE.initial
+
+
+@pytest.mark.parametrize("kwargs", [{"max_normal_step": None}, {"rho": 1.0}])
+def test_no_cap_with_none_or_with_the_papers_numeric_rho(kwargs):
+    x, opt = linear_problem(SQPHeavyBall, momentum=0.0, **kwargs)
+    constrained_step(opt, x, -5.0)
+    expected = 5.0 if kwargs.get("rho") is None else 0.1 * 5.0
+    torch.testing.assert_close(x.detach(), torch.tensor([expected, 3.0], dtype=F64))
+
+
+def test_the_radius_is_resumed_from_a_checkpoint():
+    x, opt = linear_problem(SQPHeavyBall, momentum=0.0)
+    constrained_step(opt, x, -5.0)
+    constrained_step(opt, x, -6.0)
+    x2, opt2 = linear_problem(SQPHeavyBall, momentum=0.0)
+    x2.data.copy_(x.detach())
+    opt2.load_state_dict(copy.deepcopy(opt.state_dict()))  # as through a checkpoint file
+    constrained_step(opt, x, float(x.detach()[0]) - 5.0)
+    constrained_step(opt2, x2, float(x2.detach()[0]) - 5.0)
+    assert torch.equal(x.detach(), x2.detach())

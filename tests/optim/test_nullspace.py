@@ -1,0 +1,162 @@
+"""The null-space algebra (nullspace.py), the flat layout (flat.py) and the input checks (checks.py)
+against dense float64 references (numpy-free: torch.linalg in float64)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_constrained.optim.checks import all_finite, check_betas, check_finite, check_lr
+from lit_constrained.optim.flat import add_flat_, block_sizes, gather, group_params, numel_real, real_view
+from lit_constrained.optim.nullspace import (
+    GramFactor,
+    NullSpace,
+    exact_gram,
+    exact_matvec,
+    gram,
+    gram_error,
+    merged_step,
+    refinement_plan,
+)
+
+F64 = torch.float64
+
+
+def svd_jacobian(m: int, n: int, cond: float, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """J = U diag(sigma) V^T with sigma log-spaced from 1 to 1 / cond, random orthonormal U, V."""
+    gen = torch.Generator().manual_seed(seed)
+    U, _ = torch.linalg.qr(torch.randn(m, m, generator=gen, dtype=F64))
+    V, _ = torch.linalg.qr(torch.randn(n, m, generator=gen, dtype=F64))
+    sigma = torch.logspace(0, -math.log10(cond), m, dtype=F64)
+    return ((U * sigma) @ V.T).to(dtype)
+
+
+def dense_projector(J: torch.Tensor) -> torch.Tensor:
+    J = J.to(F64)
+    return torch.eye(J.shape[1], dtype=F64) - torch.linalg.pinv(J) @ J
+
+
+# ---------------------------------------------------------------------------- products with J
+@pytest.mark.parametrize("n", [300, 20_000])
+def test_blocked_gram_is_within_its_error_estimate(n):
+    J = torch.randn(7, n, generator=torch.Generator().manual_seed(n))
+    exact = J.to(F64) @ J.to(F64).T
+    error = (gram(J) - exact).norm() / exact.norm()
+    assert error <= 10 * gram_error(n, torch.float32, 7)
+    # one float32 GEMM over all n is what the blocks avoid
+    assert (gram(J.to(F64)) - exact).norm() / exact.norm() < 1e-15
+
+
+def test_exact_gram_and_exact_matvec_are_float64_accurate_for_float32_data():
+    gen = torch.Generator().manual_seed(1)
+    J = torch.randn(5, 50_000, generator=gen)
+    v = torch.randn(50_000, generator=gen)
+    J64, v64 = J.to(F64), v.to(F64)
+    G = J64 @ J64.T
+    assert (exact_gram(J) - G).norm() / G.norm() < 1e-14
+    Jv = J64 @ v64
+    assert (exact_matvec(J, v) - Jv).norm() / (J64.abs() @ v64.abs()).norm() < 1e-15
+    assert (exact_matvec(J64, v64) - Jv).norm() / Jv.norm() < 1e-14
+
+
+# ---------------------------------------------------------------------------- the m x m algebra
+def test_gram_factor_pseudo_inverse_rank_and_singular_values_against_dense():
+    J = svd_jacobian(4, 30, 1e3, dtype=F64)
+    J[2] = 0.5 * J[0] + J[1]  # rank 3
+    factor = GramFactor.from_gram(J @ J.T)
+    G = J @ J.T
+    b = torch.randn(4, dtype=F64, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(factor.solve(b), torch.linalg.pinv(G, hermitian=True, rtol=1e-10) @ b,
+                               rtol=1e-8, atol=1e-10)
+    assert int(factor.rank) == 3
+    sigma = torch.linalg.svdvals(J)
+    assert float(factor.smallest_singular_value) == pytest.approx(float(sigma[2]), rel=1e-8)
+    assert float(factor.condition) == pytest.approx(float(sigma[0] / sigma[2]) ** 2, rel=1e-6)
+    # the range projector U_r U_r^T against the dense one
+    R = J @ torch.linalg.pinv(J)
+    torch.testing.assert_close(factor.range_part(b), R @ b, rtol=1e-10, atol=1e-10)
+    assert float(factor.pinv_norm_sq(b)) == pytest.approx(float((torch.linalg.pinv(J) @ b).norm() ** 2), rel=1e-8)
+
+
+def test_zero_jacobian_has_rank_zero_and_a_zero_pseudo_inverse():
+    factor = GramFactor.from_gram(torch.zeros(3, 3, dtype=F64))
+    assert int(factor.rank) == 0 and float(factor.smallest_singular_value) == 0.0
+    assert torch.equal(factor.solve(torch.ones(3, dtype=F64)), torch.zeros(3, dtype=F64))
+
+
+def test_refinement_plan():
+    # float64: one step above cond(G) = 1e3, as the reference path always did
+    well = GramFactor.from_gram(torch.diag(torch.tensor([1.0, 0.5], dtype=F64)))
+    ill = GramFactor.from_gram(torch.diag(torch.tensor([1.0, 1e-4], dtype=F64)))
+    assert int(refinement_plan(well, 10, F64)) == 0 and int(refinement_plan(ill, 10, F64)) == 1
+    # float32: more steps as cond grows, the exact Gram (-1) when the blocked one cannot resolve J
+    plans = [int(refinement_plan(GramFactor.from_gram(torch.diag(torch.tensor([1.0, 1.0 / k], dtype=F64))),
+                                 100_000, torch.float32)) for k in (1.0, 1e4, 1e8)]
+    assert plans[0] == 0 and plans[1] >= 1 and plans[2] == -1
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_merged_step_is_a_projected_w_plus_the_minimum_norm_normal_step(dtype):
+    """out = a P w - J^+ (s c), against a dense pseudo-inverse."""
+    gen = torch.Generator().manual_seed(3)
+    J = svd_jacobian(5, 400, 100.0, dtype=dtype)
+    w = torch.randn(400, generator=gen, dtype=dtype)
+    sc = torch.randn(5, generator=gen, dtype=F64)
+    factor = GramFactor.from_gram(gram(J))
+    out = merged_step(J, factor, w, 0.3, sc, 2, torch.empty_like(w))
+    J64 = J.to(F64)
+    expected = 0.3 * dense_projector(J64) @ w.to(F64) - torch.linalg.pinv(J64) @ sc
+    tol = 1e-12 if dtype == F64 else 1e-5
+    torch.testing.assert_close(out.to(F64), expected, rtol=tol, atol=tol * expected.abs().max().item())
+    torch.testing.assert_close(J64 @ out.to(F64), -sc, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("cond,bound", [(1e3, 1e-6), (1e5, 1e-6)])
+def test_float32_projection_keeps_w_in_the_null_space(cond, bound):
+    """||J P w|| / ||w|| <= 1e-6 (sigma_max = 1) for float32 J at n = 1e5 (issue 13)."""
+    J = svd_jacobian(10, 100_000, cond)
+    w = torch.randn(100_000, generator=torch.Generator().manual_seed(4))
+    p = NullSpace.from_jacobian(J).project(w)
+    assert p.dtype == torch.float32
+    assert ((J.to(F64) @ p.to(F64)).norm() / w.norm()).item() <= bound
+
+
+def test_nullspace_pseudo_solve_against_dense():
+    J = svd_jacobian(4, 60, 1e2, dtype=F64)
+    c = torch.randn(4, dtype=F64, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(NullSpace.from_jacobian(J).pseudo_solve(c), torch.linalg.pinv(J) @ c,
+                               rtol=1e-12, atol=1e-13)
+
+
+# ---------------------------------------------------------------------------- flat layout
+def test_flat_layout_with_complex_and_missing_grads():
+    a = torch.nn.Parameter(torch.randn(2, 3))
+    z = torch.nn.Parameter(torch.randn(2, dtype=torch.complex64))
+    groups = [{"params": [a]}, {"params": [z]}]
+    params = group_params(groups)
+    assert params == [a, z]
+    assert numel_real(params) == 6 + 4 and block_sizes(params) == [6, 4]
+    assert torch.equal(real_view(z), torch.view_as_real(z))
+    flat = gather([None, torch.ones(2, dtype=torch.complex64)], params, F64)
+    assert torch.equal(flat, torch.tensor([0.0] * 6 + [1.0, 0.0, 1.0, 0.0], dtype=F64))
+    before = torch.cat([a.detach().flatten(), torch.view_as_real(z.detach()).flatten()])
+    step = torch.arange(10, dtype=F64)
+    add_flat_(params, step)
+    after = torch.cat([a.detach().flatten(), torch.view_as_real(z.detach()).flatten()])
+    torch.testing.assert_close(after - before, step.float())
+
+
+# ---------------------------------------------------------------------------- checks
+def test_checks_name_what_to_fix():
+    with pytest.raises(ValueError, match="learning rate"):
+        check_lr(-1.0)
+    with pytest.raises(ValueError, match="betas"):
+        check_betas((0.9,))
+    with pytest.raises(ValueError, match=r"betas\[1\]"):
+        check_betas((0.9, 1.0))
+    assert all_finite(torch.tensor([1e38, 1e38]))  # an overflowing sum of finite values is finite
+    assert not all_finite(torch.tensor([0.0, math.nan]))
+    with pytest.raises(ValueError, match="The thing contains 1 non-finite"):
+        check_finite("The thing", torch.tensor([0.0, math.inf]))
