@@ -94,3 +94,12 @@ def test_validate_names_what_each_violation_figure_covers(user_dir, capsys):
     legend = out[out.index("val figures:"):]
     assert "max |r| over all 16 residuals of validation_constraints() (training imposes 2: constraints())" in legend
     assert "max |c| of the m = 2 imposed constraints" in legend
+
+
+def test_a_run_shorter_than_the_validation_interval_still_reports_validation(user_dir, capsys):
+    main(["fit", "--config", "config.yaml", "--trainer.logger", "false", "--trainer.max_steps", "5"])
+    out = capsys.readouterr().out
+    summary = out[out.index("fit summary"):]
+    assert "validation   at the final weights (step 5):" in summary
+    assert "max |r| over all 16 residuals of validation_constraints()" in summary
+    assert "checkpoint   " in summary and "none written" not in summary

@@ -185,12 +185,14 @@ class FitSummary(Callback):
         try:
             with torch.enable_grad():
                 for batch in loader:
-                    batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
-                    objectives.append(float(pl_module.objective(batch).detach()))
-                    imposed.add(pl_module.constraints(batch))
+                    # the Trainer's own path: device transfer and the batch-transfer hooks (dtype casts)
+                    batch = trainer.strategy.batch_to_device(batch, dataloader_idx=0)
+                    f, c, r, task_metrics = pl_module._evaluate(batch, "val")
+                    objectives.append(float(f))
+                    imposed.add(c)
                     if has_residual:
-                        residual.add(pl_module.validation_constraints(batch))
-                    for key, value in pl_module.evaluation_metrics(batch, "val").items():
+                        residual.add(r)
+                    for key, value in task_metrics.items():
                         metrics.setdefault(key, []).append(float(value.detach() if isinstance(value, Tensor) else value))
         finally:
             pl_module.train(was_training)
@@ -216,7 +218,11 @@ class FitSummary(Callback):
         if last is not None:
             lines.append(f"  objective    {_fmt(float(last.objective))} (the last training step's objective())")
         if self._m:
-            end = self._final_constraints(pl_module)
+            try:
+                end = self._final_constraints(pl_module)
+            except Exception as error:  # the summary never fails a finished fit; it says what went wrong
+                lines.append(f"  max |c| at the end not evaluated: {type(error).__name__}: {error}")
+                end = None
             ratio = end / self._c_start if end is not None and self._c_start else None
             lines.append(
                 f"  max |c|      {_fmt(self._c_start)} at the start -> {_fmt(end)} at the end "
@@ -235,8 +241,11 @@ class FitSummary(Callback):
             figures = {k: float(v) for k, v in trainer.callback_metrics.items() if "val" in k.split("/")}
             where = f"the run's last validation (step {steps})"
         else:
-            figures = self._final_validation(trainer, pl_module)
             where = f"at the final weights (step {steps})"
+            try:
+                figures = self._final_validation(trainer, pl_module)
+            except Exception as error:  # the summary never fails a finished fit; it says what went wrong
+                return [f"  validation   not evaluated {where}: {type(error).__name__}: {error}"]
         if not figures:
             return []
         width = max(len(k) for k in figures)
