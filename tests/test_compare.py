@@ -305,6 +305,10 @@ def test_verdict_checks_on_known_records():
     outcome = lowest("sqp_adam", "objective")(Finals(partial, "paper"))
     assert outcome.text.startswith("holds in 2 of 2 settings") and "no runs yet: mini-batch 0.0005" in outcome.text
     assert lowest("sqp_adam", "objective")(Finals([], "paper")).verdict == "no data"
+    # a setting of the grid without any record is named too
+    full_only = [r for r in results if r["spec"]["mode"] == "full"]
+    outcome = lowest("sqp_adam", "objective")(Finals(full_only, "paper", [("minibatch", 1e-4)]))
+    assert outcome.text.startswith("holds in 2 of 2 settings") and "no runs yet: mini-batch 0.0001" in outcome.text
 
     # the table: one row per claim of the task, the budget in the title and in every verdict
     table = verdict_table("spring", results, "budget fraction 0.5 (4 of 8 epochs), paper size", 24)

@@ -250,7 +250,8 @@ def write_report(runs: list[RunSpec], out_dir: Path, budget: Budget | None = Non
     paths["table"].write_text(
         f"# {task}: final values ({scope}; {len(results)} of {len(runs)} runs)\n\n" + table(results, task)
     )
-    paths["verdict"].write_text(verdict_table(task, results, scope, len(runs)))
+    settings = sorted({(spec.mode, spec.lr) for spec in runs})
+    paths["verdict"].write_text(verdict_table(task, results, scope, len(runs), settings))
     metric = results[0]["test_metric"] if results else "test error"
     figures = {
         "loss": ("val_objective", "objective (loss)", f"{task}: loss over epochs\n{scope}"),

@@ -52,13 +52,15 @@ class Finals:
         results: run results (spec, summary, history) as written by the worker.
         variant: ``"paper"`` or ``"full"``: the rho variant of the constrained methods to read;
             unconstrained methods are read whatever the variant.
+        expected: the settings of the grid, so those without any record yet are named as missing.
 
     Values (means over the seeds of a setting): ``objective`` (final loss), ``test_error``,
     ``violation_max`` and ``log_loss_area`` (the mean over validated epochs of log10 of the
     seed-mean loss curve: lower means lower loss sooner).
     """
 
-    def __init__(self, results: list[dict[str, Any]], variant: str = "paper") -> None:
+    def __init__(self, results: list[dict[str, Any]], variant: str = "paper",
+                 expected: list[Setting] | None = None) -> None:
         self.variant = variant
         groups: dict[tuple[Setting, str], list[dict[str, Any]]] = defaultdict(list)
         for result in results:
@@ -77,7 +79,7 @@ class Finals:
             }
             self.runs[key] = len(group)
         self.settings: list[Setting] = sorted(
-            {setting for setting, _ in self.values},
+            {setting for setting, _ in self.values} | set(expected or []),
             key=lambda s: (MODE_ORDER.index(s[0]) if s[0] in MODE_ORDER else 9, -s[1]),
         )
 
@@ -286,13 +288,17 @@ CLAIMS: dict[str, list[Claim]] = {
 }
 
 
-def verdict_table(task: str, results: list[dict[str, Any]], budget_text: str, total_runs: int) -> str:
-    """The markdown verdict table of the task's claims (empty note for a task without claims)."""
+def verdict_table(task: str, results: list[dict[str, Any]], budget_text: str, total_runs: int,
+                  expected: list[Setting] | None = None) -> str:
+    """The markdown verdict table of the task's claims (a note for a task without claims).
+
+    ``expected``: the grid's (mode, lr) settings, so that settings without records are named.
+    """
     claims = CLAIMS.get(task)
     if not claims:
         return f"No claims of the paper are recorded for task {task!r}.\n"
-    paper = Finals(results, "paper")
-    full = Finals(results, "full")
+    paper = Finals(results, "paper", expected)
+    full = Finals(results, "full", expected)
     with_full = full.has_constrained()
     lines = [
         f"# {task}: the paper's claims ({budget_text}; {len(results)} of {total_runs} runs finished)",
