@@ -32,7 +32,6 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from torch import Tensor
 
 __all__ = [
     "OBJECTIVE", "VIOLATION", "RESIDUAL", "DIAGNOSTICS", "FIGURE", "tag", "headline_tags", "scalar_layout",
@@ -77,19 +76,11 @@ def scalar_layout(has_constraints: bool, has_residual: bool) -> dict[str, dict[s
     return {"constrained training": charts}
 
 
-def _hparam_value(value: Any) -> int | float | str | bool:
-    if isinstance(value, Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, (bool, int, float, str)):
-        return value
-    if value is None:
-        return "none"
-    return str(value)
-
-
 def run_hparams(module: Any, optimizer: Any, scheduler: Any = None) -> dict[str, int | float | str | bool]:
-    """The HParams tab's columns: task, optimizer, its lr and rho, the scheduler, the task's own
-    scalar arguments (LightningCLI's internal ``_instantiator`` and the optimizer's config dict left out)."""
+    """The HParams tab's columns: task, optimizer, its lr and rho, the LR scheduler.
+
+    No more than five: TensorBoard's HParams dashboard displays only its first five columns by default
+    (the task's own arguments are in the run's ``hparams.yaml`` and ``config.yaml``)."""
     group = optimizer.param_groups[0] if getattr(optimizer, "param_groups", None) else {}
     params: dict[str, int | float | str | bool] = {
         "task": type(module).__name__,
@@ -100,13 +91,6 @@ def run_hparams(module: Any, optimizer: Any, scheduler: Any = None) -> dict[str,
     if "rho" in group:
         params["rho"] = str(group["rho"])  # "full" or a number: one column type across runs
     params["lr_scheduler"] = type(scheduler).__name__ if scheduler is not None else "none"
-    hparams = getattr(module, "hparams", {}) or {}
-    for key, value in hparams.items():
-        if key.startswith("_") or key in ("optimizer", "lr_scheduler") or key in params:
-            continue
-        if isinstance(value, (Mapping, list, tuple)) and len(str(value)) > 80:
-            continue
-        params[key] = _hparam_value(value)
     return params
 
 
