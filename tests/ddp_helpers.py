@@ -263,12 +263,14 @@ def callbacks_for(name: str, checkpoint_dir: str | None = None) -> list[Callback
 
 
 def make_trainer(
-    callbacks: list[Callback], devices: int, max_epochs: int = EPOCHS, num_nodes: int = 1, **kwargs: Any
+    callbacks: list[Callback], devices: int, max_epochs: int = EPOCHS, num_nodes: int = 1,
+    accelerator: str = "cpu", **kwargs: Any,
 ) -> pl.Trainer:
     if devices * num_nodes > 1:
-        kwargs["strategy"] = DDPStrategy(process_group_backend="gloo", timeout=datetime.timedelta(seconds=120))
+        backend = "nccl" if accelerator == "gpu" else "gloo"
+        kwargs["strategy"] = DDPStrategy(process_group_backend=backend, timeout=datetime.timedelta(seconds=120))
     return pl.Trainer(
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=devices,
         num_nodes=num_nodes,
         max_epochs=max_epochs,
