@@ -231,6 +231,14 @@ class _MoMoBase(Optimizer, ABC):
         super().__setstate__(state)  # torch pickles defaults, state and param_groups only
         self.__dict__.setdefault("diagnostics", {})
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's ``load_state_dict``; a checkpoint of the earlier layout (Python floats, per-group
+        ``"group<i>"`` entries holding the last tau and zeta) resumes too, without those stale entries."""
+        super().load_state_dict(state_dict)
+        for key in [key for key in self.state if isinstance(key, str) and key != GLOBAL_KEY]:
+            del self.state[key]
+        self.state.get(GLOBAL_KEY, {}).pop("lower_bound_used", None)
+
     # -- subclass hooks
     @abstractmethod
     def _beta(self, group: dict[str, Any]) -> float:

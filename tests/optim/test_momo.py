@@ -326,6 +326,30 @@ def test_state_holds_the_loss_model_and_moments_and_diagnostics_hold_the_rest() 
     assert set(opt.diagnostics) == {"tau", "zeta", "lower_bound_used"}
 
 
+@pytest.mark.parametrize("cls", [MoMo, MoMoAdam])
+def test_a_checkpoint_of_the_earlier_layout_resumes_exactly(cls: type) -> None:
+    # before issue 13 the loss model was stored as Python floats with "lower_bound_used", and each group's
+    # last tau and zeta under "group<i>": such a checkpoint resumes the same trajectory, the stale entries gone
+    X, Y = net_data()
+    straight, first = tiny_net(), tiny_net()
+    opt = cls(straight.parameters(), lr=0.5, estimate_lower_bound=True)
+    train(straight, opt, 8, X, Y)
+    opt1 = cls(first.parameters(), lr=0.5, estimate_lower_bound=True)
+    train(first, opt1, 4, X, Y)
+    old = copy.deepcopy(opt1.state_dict())
+    model = old["state"]["momo"]
+    old["state"]["momo"] = {key: (v if key == "step" else float(v)) for key, v in model.items()}
+    old["state"]["momo"]["lower_bound_used"] = float(opt1.diagnostics["lower_bound_used"])
+    old["state"]["group0"] = {"tau": float(opt1.diagnostics["tau"]), "zeta": float(opt1.diagnostics["zeta"])}
+    opt2 = cls(first.parameters(), lr=0.5, estimate_lower_bound=True)
+    opt2.load_state_dict(old)
+    assert set(k for k in opt2.state if isinstance(k, str)) == {"momo"}
+    assert set(opt2.state["momo"]) == {"step", "loss_avg", "gamma", "lower_bound"}
+    train(first, opt2, 4, X, Y, start=4)
+    for p, q in zip(straight.parameters(), first.parameters()):
+        assert torch.equal(p, q)
+
+
 def test_a_scheduled_momentum_enters_the_averages_and_the_bias_correction() -> None:
     # MoMo-Bias with beta_k changed between steps (as OneCycleLR does): d_k = (1 - beta_k) g_k + beta_k d_{k-1},
     # rho_k = 1 - beta_k^k (the current beta, as torch's Adam), checked against the formulas written out.
