@@ -1,22 +1,28 @@
 """Cost of one ``optimizer.step()``: SQP-Adam, SQP-HeavyBall and Adam(con) against ``torch.optim.Adam(foreach=True)``.
 
-Parameter sets of MLPs with ~1e5 and ~1e6 parameters, fixed random gradients, m = 10 and 50 constraints
-with a fixed random Jacobian J (float32, as the training step produces it) and random c. The optimizers
-are timed in the same process, interleaved (one block of steps each, in turn, repeated), and the
-medians are compared. A second table times the pieces of the SQP step on the same J, to show what
-bounds it: the float64 copy of J, the Gram GEMM J J^T, one matrix-vector pass over J (J w or J^T y)
-in float64 and in float32 (the floor for any method that reads J), and Adam's own step. Usage::
+Parameter sets of MLPs with ~1e5 and ~1e6 float32 parameters, fixed random gradients, m = 10 and 50
+constraints with a fixed float32 Jacobian J and random c. Two kinds of J: ``random`` (Gaussian entries,
+cond(J J^T) ~ 1: no iterative refinement is needed) and ``trained`` (J = U diag(sigma) V^T with
+cond(J J^T) = 3e4, the conditioning the issue measured on the spring task at initialization: one
+refinement step, as in real training). The optimizers are timed in the same process, interleaved (one
+block of steps each, in turn, repeated), and the medians are compared. Usage::
 
-    python benchmarks/bench_optimizer_step.py [--repeats 15] [--block 5] [--threads 1] [--device cpu]
-        [--sizes 1e5,1e6] [--ms 10,50]
+    python benchmarks/bench_optimizer_step.py [--repeats 11] [--block 3] [--threads 1]
+        [--cases 1e6:10,1e5:10,1e6:50] [--jacobians random,trained]
 
-Prints, per (n, m), the median time per step of each optimizer and its ratio to Adam.
+Prints the CPU model, then per case the median time per step of each optimizer, its ratio to Adam (and
+to SQP-Adam), and a traffic model: bytes moved per step by Adam (read p, g, m, v; write p, m, v: 28 n)
+and by SQP-Adam (its passes over J plus its n-vector traffic), next to the "3-read limit" (J read three
+times, the data dependencies' minimum, plus Adam-like vector traffic).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -30,130 +36,118 @@ SIZES: dict[str, list[int]] = {
     "1e6": [64, 768, 768, 512, 1],  # 1,034,753 parameters
 }
 NAMES = ["Adam(foreach)", "SQPAdam", "SQPHeavyBall", "AdamCon"]
+TRAINED_GRAM_CONDITION = 3.3e4
 
 
-def mlp_parameters(widths: list[int], device: torch.device) -> list[nn.Parameter]:
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def mlp_parameters(widths: list[int]) -> list[nn.Parameter]:
     layers = [nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:])]
-    return [nn.Parameter(p.detach().to(device)) for layer in layers for p in layer.parameters()]
+    return [nn.Parameter(p.detach().clone()) for layer in layers for p in layer.parameters()]
 
 
-def problem(widths: list[int], m: int, device: torch.device) -> tuple[list[nn.Parameter], torch.Tensor, torch.Tensor]:
-    """Parameters with fixed random gradients, random c (m,) and J (m, n) in float32."""
-    params = mlp_parameters(widths, device)
-    gen = torch.Generator(device="cpu").manual_seed(0)
+def jacobian(m: int, n: int, kind: str, gen: torch.Generator) -> torch.Tensor:
+    if kind == "random":
+        return torch.randn(m, n, generator=gen)
+    # J = U diag(sigma) V^T, sigma log-spaced over sqrt(cond(G)); V from a QR of an (n, m) Gaussian
+    U, _ = torch.linalg.qr(torch.randn(m, m, generator=gen))
+    V, _ = torch.linalg.qr(torch.randn(n, m, generator=gen))
+    sigma = torch.logspace(0, -0.5 * math.log10(TRAINED_GRAM_CONDITION), m)
+    return ((U * sigma) @ V.T).contiguous()
+
+
+def problem(widths: list[int], m: int, kind: str) -> tuple[list[nn.Parameter], torch.Tensor, torch.Tensor]:
+    params = mlp_parameters(widths)
+    gen = torch.Generator().manual_seed(0)
     for p in params:
-        p.grad = torch.randn(p.shape, generator=gen).to(device)
+        p.grad = torch.randn(p.shape, generator=gen)
     n = sum(p.numel() for p in params)
-    c = torch.randn(m, generator=gen).to(device)
-    J = torch.randn(m, n, generator=gen).to(device)
-    return params, c, J
+    return params, torch.randn(m, generator=gen), jacobian(m, n, kind, gen)
 
 
-def make_runner(name: str, widths: list[int], m: int, device: torch.device) -> Callable[[int], None]:
-    params, c, J = problem(widths, m, device)
+def make_runner(name: str, widths: list[int], m: int, kind: str) -> Callable[[int], None]:
+    params, c, J = problem(widths, m, kind)
     if name == "Adam(foreach)":
-        opt: torch.optim.Optimizer = torch.optim.Adam(params, lr=1e-6, foreach=True)
+        adam = torch.optim.Adam(params, lr=1e-6, foreach=True)
 
         def run(steps: int) -> None:
             for _ in range(steps):
-                opt.step()
+                adam.step()
 
         return run
     # a tiny lr keeps the weights (and so the work) essentially fixed over the repeats
-    if name == "SQPAdam":
-        opt = SQPAdam(params, lr=1e-6)
-    elif name == "SQPHeavyBall":
-        opt = SQPHeavyBall(params, lr=1e-6)
-    elif name == "AdamCon":
-        opt = AdamCon(params, lr=1e-6)
-    else:
-        raise ValueError(name)
+    opt = {"SQPAdam": SQPAdam, "SQPHeavyBall": SQPHeavyBall, "AdamCon": AdamCon}[name](params, lr=1e-6)
 
     def run_constrained(steps: int) -> None:
         for _ in range(steps):
             opt.step(constraints=c, jacobian=J)
 
+    run_constrained.optimizer = opt  # type: ignore[attr-defined]
     return run_constrained
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def interleaved(runners: dict[str, Callable[[int], None]], repeats: int, block: int, device: torch.device) -> dict[str, float]:
+def interleaved(runners: dict[str, Callable[[int], None]], repeats: int, block: int) -> dict[str, float]:
     """Median seconds per call of each runner, timed in interleaved blocks."""
     for run in runners.values():  # warm-up (allocations, first-step state)
         run(2)
     times: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(repeats):
         for name, run in runners.items():
-            sync(device)
             start = time.perf_counter()
             run(block)
-            sync(device)
             times[name].append((time.perf_counter() - start) / block)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def pieces(widths: list[int], m: int, device: torch.device) -> dict[str, Callable[[int], None]]:
-    """The building blocks of the SQP step, each a runner."""
-    params, c, J = problem(widths, m, device)
-    J64 = J.double()
-    n = J.shape[1]
-    w = torch.randn(n, dtype=torch.float64, device=device)
-    y = torch.randn(m, dtype=torch.float64, device=device)
-    w32, y32 = w.float(), y.float()
-    adam = torch.optim.Adam(params, lr=1e-6, foreach=True)
-
-    def repeat(fn: Callable[[], object]) -> Callable[[int], None]:
-        def run(steps: int) -> None:
-            for _ in range(steps):
-                fn()
-
-        return run
-
-    return {
-        "Adam step": repeat(adam.step),
-        "J -> float64": repeat(lambda: J.to(torch.float64)),
-        "Gram J J^T (f64)": repeat(lambda: J64 @ J64.T),
-        "J w (f64)": repeat(lambda: J64 @ w),
-        "J^T y (f64)": repeat(lambda: J64.T @ y),
-        "J [w1 w2] (f64)": repeat(lambda: J64 @ torch.stack([w, w], dim=1)),
-        # the floor of any method that must read J: one float32 pass
-        "J w (f32)": repeat(lambda: J @ w32),
-        "J^T y (f32)": repeat(lambda: J.T @ y32),
-    }
+def traffic(n: int, m: int, refinements: int) -> dict[str, float]:
+    """Bytes moved per step (float32 model): Adam; SQP-Adam as implemented; the 3-read limit."""
+    adam = 28.0 * n
+    # J reads: Gram, J g, J^T y_g (writes u), J w, J^T z (writes delta), 2 per refinement (the exact
+    # residual converts J chunk-wise in cache); n-vectors: gather g (r+w), r, s (r+w each), w (3 r + w),
+    # x += delta (r+w) and the J^T passes' vector operands: ~18 n-vector transfers
+    sqp = 4.0 * m * n * (5 + 2 * refinements) + 4.0 * 18 * n
+    limit = 4.0 * m * n * 3 + adam
+    return {"Adam": adam, "SQPAdam": sqp, "3-read limit": limit}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--block", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--block", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--sizes", default="1e5,1e6", help="comma-separated keys of SIZES")
-    parser.add_argument("--ms", default="10,50", help="comma-separated numbers of constraints")
+    parser.add_argument("--cases", default="1e6:10,1e5:10,1e6:50", help="comma-separated size:m pairs")
+    parser.add_argument("--jacobians", default="random,trained", help="random and/or trained")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    sizes = [s.strip() for s in args.sizes.split(",")]
-    ms = [int(s) for s in args.ms.split(",")]
-    print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, "
+    print(f"CPU: {cpu_model()}; torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"{args.repeats} interleaved blocks of {args.block} steps, medians; ratio = time / Adam(foreach)")
-    for label in sizes:
-        widths = SIZES[label]
-        n = sum(p.numel() for p in mlp_parameters(widths, torch.device("cpu")))
-        for m in ms:
-            med = interleaved({name: make_runner(name, widths, m, device) for name in NAMES}, args.repeats,
-                              args.block, device)
-            base = med["Adam(foreach)"]
-            print(f"n = {n:>9,d}, m = {m:>3d}:  " + "  ".join(
-                f"{name} {1e3 * t:8.3f} ms ({t / base:5.2f}x)" for name, t in med.items()
+    for case in args.cases.split(","):
+        label, m_text = case.strip().split(":")
+        widths, m = SIZES[label], int(m_text)
+        n = sum(p.numel() for p in mlp_parameters(widths))
+        for kind in [k.strip() for k in args.jacobians.split(",")]:
+            runners = {name: make_runner(name, widths, m, kind) for name in NAMES}
+            med = interleaved(runners, args.repeats, args.block)
+            base, sqp = med["Adam(foreach)"], med["SQPAdam"]
+            opt = runners["SQPAdam"].optimizer  # type: ignore[attr-defined]
+            opt.step(constraints=torch.zeros(m), jacobian=problem(widths, m, kind)[2], diagnostics=True)
+            k = int(opt.diagnostics["refinements"])
+            print(f"n = {n:>9,d}, m = {m:>3d}, J {kind:<7s} (refinements {k}): " + "  ".join(
+                f"{name} {1e3 * t:8.2f} ms ({t / base:5.2f}x)" for name, t in med.items()
+            ) + f"  | HeavyBall/SQPAdam {med['SQPHeavyBall'] / sqp:4.2f}, AdamCon/SQPAdam {med['AdamCon'] / sqp:4.2f}")
+            moved = traffic(n, m, k)
+            print("    bytes per step (model): " + "  ".join(
+                f"{name} {value / 1e6:7.1f} MB ({value / moved['Adam']:5.2f}x Adam)" for name, value in moved.items()
             ))
-            parts = interleaved(pieces(widths, m, device), args.repeats, args.block, device)
-            base = parts["Adam step"]
-            print("    pieces:  " + "  ".join(f"{name} {1e3 * t:7.3f} ms ({t / base:5.2f}x)" for name, t in parts.items()))
 
 
 if __name__ == "__main__":

@@ -185,12 +185,14 @@ class ConstrainedOptimizer(Optimizer, ABC):
         super().__init__(params, defaults)
         self.diagnostics: dict[str, Tensor] = {}
         self._buffers: dict[str, Tensor] = {}
+        self._view_cache: dict[str, tuple[Any, list[Tensor]]] = {}
         self._check_groups()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("diagnostics", {})
         self.__dict__.setdefault("_buffers", {})
+        self.__dict__.setdefault("_view_cache", {})
 
     # ------------------------------------------------------------------ hyperparameters
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -268,12 +270,19 @@ class ConstrainedOptimizer(Optimizer, ABC):
         return dtype if dtype.is_floating_point else torch.float32
 
     def _group_blocks(self) -> list[tuple[dict[str, Any], slice]]:
-        """Each param group with its slice of the flat vector."""
+        """Each param group with its slice of the flat vector (cached while the groups' params stay)."""
+        key = tuple(id(p) for group in self.param_groups for p in group["params"])
+        cached = self._view_cache.get("group_blocks")
+        if cached is not None and cached[0] == key and all(
+            a is b for a, (b, _) in zip(self.param_groups, cached[1])
+        ) and len(cached[1]) == len(self.param_groups):
+            return cached[1]
         blocks, offset = [], 0
         for group in self.param_groups:
             size = sum(block_sizes(group["params"]))
             blocks.append((group, slice(offset, offset + size)))
             offset += size
+        self._view_cache["group_blocks"] = (key, blocks)
         return blocks
 
     def _exact_workspace(self, jacobian: Tensor) -> tuple[Tensor, Tensor]:
@@ -298,7 +307,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
                                     jacobian.device)
         G = gram(jacobian, partials)
         finite = torch.isfinite(G).all()
-        G = torch.where(finite, G, torch.eye(G.shape[0], dtype=G.dtype, device=G.device))
+        G = torch.nan_to_num(G, nan=0.0, posinf=0.0, neginf=0.0)  # garbage in, flagged: never used
         return GramFactor.from_gram(G, self.param_groups[0]["rcond"]), finite
 
     def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
@@ -431,18 +440,16 @@ class ConstrainedOptimizer(Optimizer, ABC):
             if radius is None:
                 radius = torch.full((), rule.initial, dtype=torch.float64, device=c.device)
             if "previous_violation" in state:
-                previous, predicted = state["previous_violation"], state["predicted_violation"]
-                ratio = (previous - c_norm) / (previous - predicted).clamp_min(_TINY)
-                was_capped = state["normal_step_capped"]
-                shrink = was_capped & (ratio < rule.shrink_below)
-                grow = was_capped & (ratio > rule.grow_above)
-                radius = torch.where(shrink, (radius * rule.shrink).clamp_min(rule.smallest),
-                                     torch.where(grow, (radius * rule.grow).clamp_max(rule.largest), radius))
+                previous, was_capped = state["previous_violation"], state["normal_step_capped"]
+                ratio = (previous - c_norm) / (previous - state["predicted_violation"]).clamp_min(_TINY)
+                factor = torch.where(was_capped & (ratio < rule.shrink_below), rule.shrink,
+                                     torch.where(was_capped & (ratio > rule.grow_above), rule.grow, 1.0))
+                radius = (radius * factor).clamp(rule.smallest, rule.largest)
             limit = radius * x_norm.clamp_min(1.0)
         else:
             limit = cap * x_norm
         capped = norm > limit
-        tau = torch.where(capped, limit / norm.clamp_min(_TINY), torch.ones_like(norm))
+        tau = (limit / norm.clamp_min(_TINY)).clamp_max(1.0)
         if adaptive:
             reach = projection.factor.range_part(c)  # J~ = J H^{-1/2} has the range of J
             state["normal_radius"] = radius
@@ -482,27 +489,47 @@ class ConstrainedOptimizer(Optimizer, ABC):
         else:
             out.add_(v_hat * scale.to(out.dtype))
 
+    def _views(self, name: str, flat: Tensor, params: list[Tensor]) -> list[Tensor]:
+        """Views of the persistent flat buffer ``flat`` shaped like each parameter's real view (cached)."""
+        key = (flat.data_ptr(), flat.dtype, tuple(id(p) for p in params))
+        cached = self._view_cache.get(name)
+        if cached is None or cached[0] != key:
+            views, offset = [], 0
+            for p in params:
+                shape = real_view(p).shape
+                size = math.prod(shape)
+                views.append(flat[offset:offset + size].view(shape))
+                offset += size
+            cached = (key, views)
+            self._view_cache[name] = cached
+        return cached[1]
+
     def _gather_grad(self, params: list[Tensor], sizes: list[int], dtype: torch.dtype, device: torch.device) -> Tensor:
+        """g in the flat layout, copied into a persistent buffer (one foreach copy; zeros for no grad)."""
         g = self._buffer("grad", (sum(sizes),), dtype, device)
-        offset = 0
-        for p, size in zip(params, sizes):
-            piece = g[offset:offset + size]
+        views = self._views("grad", g, params)
+        targets, grads = [], []
+        for p, view in zip(params, views):
             if p.grad is None:
-                piece.zero_()
+                view.zero_()
+            elif p.grad.is_sparse:
+                raise ValueError(f"{type(self).__name__} does not support sparse gradients.")
             else:
-                if p.grad.is_sparse:
-                    raise ValueError(f"{type(self).__name__} does not support sparse gradients.")
-                piece.view_as(real_view(p)).copy_(real_view(p.grad))
-            offset += size
+                targets.append(view)
+                grads.append(real_view(p.grad))
+        if targets:
+            torch._foreach_copy_(targets, grads)
         return g
 
-    @staticmethod
-    def _add_to_params(params: list[Tensor], sizes: list[int], delta: Tensor) -> None:
-        offset = 0
-        for p, size in zip(params, sizes):
-            view = real_view(p.detach())
-            view.add_(delta[offset:offset + size].view_as(view).to(view.dtype))
-            offset += size
+    def _add_to_params(self, params: list[Tensor], sizes: list[int], delta: Tensor) -> None:
+        """x <- x + delta, block by block (one foreach add when the dtypes agree)."""
+        targets = [real_view(p.detach()) if p.is_complex() else p.detach() for p in params]
+        steps = self._views("delta", delta, params)
+        if all(t.dtype == delta.dtype for t in targets):
+            torch._foreach_add_(targets, steps)
+        else:  # the float64 reference path with lower-precision parameters
+            for target, step in zip(targets, steps):
+                target.add_(step.to(target.dtype))
 
     @staticmethod
     def _match_state_dtype(state: dict[str, Any], dtype: torch.dtype) -> None:

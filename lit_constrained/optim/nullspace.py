@@ -198,15 +198,13 @@ class GramFactor:
     @classmethod
     def from_gram(cls, G: Tensor, rcond: float = DEFAULT_RCOND) -> "GramFactor":
         eigenvalues, basis = torch.linalg.eigh(G)
-        largest = eigenvalues[-1:].clamp_min(0.0)  # shape (1,): no host sync
-        keep = (eigenvalues > (rcond**2) * largest) & (largest > 0)
-        safe = torch.where(keep, eigenvalues, torch.ones_like(eigenvalues))
-        inverse = torch.where(keep, 1.0 / safe, torch.zeros_like(eigenvalues))
-        any_kept = keep.any()
-        kept_min = torch.where(keep, eigenvalues, torch.full_like(eigenvalues, math.inf)).min()
-        kept_min = torch.where(any_kept, kept_min, torch.ones_like(kept_min))
-        smallest = torch.where(any_kept, kept_min.clamp_min(0.0).sqrt(), torch.zeros_like(kept_min))
-        condition = torch.where(any_kept, largest[0] / kept_min, torch.ones_like(kept_min))
+        largest = eigenvalues[-1]
+        # (when largest <= 0 nothing is kept: every eigenvalue is <= largest <= 0 = the cutoff)
+        keep = eigenvalues > (rcond**2) * largest.clamp_min(0.0)
+        inverse = torch.where(keep, eigenvalues.reciprocal(), 0.0)
+        kept_min = torch.where(keep, eigenvalues, largest).min()
+        smallest = kept_min.clamp_min(0.0).sqrt()  # 0 when nothing is kept
+        condition = torch.where(keep.any(), largest / kept_min, 1.0)
         return cls(basis, inverse, keep, keep.sum(), smallest, condition)
 
     @classmethod
@@ -246,10 +244,10 @@ def refinement_plan(factor: GramFactor, n: int, dtype: torch.dtype) -> Tensor:
     if dtype == torch.float64:
         return (kappa > REFINE_ABOVE_CONDITION).to(torch.int64)
     rate = _contraction(kappa, gram_error(n, dtype, factor.basis.shape[0]), torch.finfo(dtype).eps)
-    steps = torch.full((), -1, dtype=torch.int64, device=kappa.device)
-    for k in range(MAX_REFINEMENTS, -1, -1):
-        steps = torch.where(rate <= TARGET_ERROR ** (1.0 / (k + 1)), torch.full_like(steps, k), steps)
-    return steps
+    thresholds = torch.tensor([TARGET_ERROR ** (1.0 / (k + 1)) for k in range(MAX_REFINEMENTS + 1)],
+                              dtype=rate.dtype, device=rate.device)
+    steps = (rate > thresholds).sum()  # k steps reach TARGET_ERROR iff rate <= thresholds[k]
+    return torch.where(steps > MAX_REFINEMENTS, -torch.ones_like(steps), steps)
 
 
 def _contraction(kappa: Tensor | float, gram_eps: float, eps: float) -> Tensor | float:
