@@ -132,7 +132,7 @@ class Spring(ConstrainedModule):
             tt = torch.as_tensor(t, dtype=self.dtype, device=self.device)[:, None]
             return self(tt)[:, 0].double().cpu().numpy()
 
-        fig, ax = small_figure(row_height_in=3.4)
+        fig, ax = small_figure(row_height_in=3.6)
         ax.plot(arrays["t_test"], arrays["u_test"], color="0.6", lw=3, label="exact")
         ax.plot(arrays["t_test"], predict(arrays["t_test"]), color="tab:blue", label="network")
         ax.scatter(arrays["t_data"], arrays["u_data"], color="tab:orange", s=16, zorder=3, label="data")
@@ -142,5 +142,5 @@ class Spring(ConstrainedModule):
                    label="constraints (imposed)")
         mse = float(((predict(arrays["t_test"]) - arrays["u_test"]) ** 2).mean())
         ax.set(xlabel="t", ylabel="u(t)", title=f"val/mse {mse:.2e}")
-        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+        fig.legend(fontsize=8, loc="outside lower center", ncol=2, frameon=False)
         return fig
