@@ -116,14 +116,15 @@ def _pad_rows(rows: Tensor, width: int) -> Tensor:
 def exchanged_numbers(m: int, n: int, world_size: int, shared: bool, with_jacobian: bool = True) -> dict[str, int]:
     """The numbers in the step's collective buffer (for the bytes-per-step accounting).
 
-    ``payload``: the numbers each rank contributes (1 + rows (1 + n), padded); ``total``: the
-    gathered buffer, W payloads; ``sent_per_rank`` in a ring all-gather: (W - 1) payloads. For
-    comparison ``allreduce_sent_per_rank``: a ring all-reduce of the [f, c, J] buffer of the mean
-    design (1 + m + m n numbers) sends 2 (W - 1) / W of it.
+    ``payload``: the numbers each rank contributes, as the stepper sends them: f, its whole c (m) and
+    its rows of J, padded to ceil(m / W) rows when shared (1 + m + ceil(m/W) n), all m rows otherwise;
+    ``total``: the gathered buffer, W payloads; ``sent_per_rank`` in a ring all-gather: (W - 1)
+    payloads. For comparison ``allreduce_sent_per_rank``: a ring all-reduce of the [f, c, J] buffer
+    of the mean design (1 + m + m n numbers) sends 2 (W - 1) / W of it.
     """
     width = -(-m // world_size) if shared else m
-    payload = 1 + width * (1 + (n if with_jacobian else 0))
-    full = 1 + m * (1 + (n if with_jacobian else 0))
+    payload = 1 + m + width * (n if with_jacobian else 0)
+    full = 1 + m + m * (n if with_jacobian else 0)
     return {
         "payload": payload,
         "total": world_size * payload,

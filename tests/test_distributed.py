@@ -82,12 +82,21 @@ def test_exchanged_numbers_all_gather_against_all_reduce() -> None:
     """Darcy at the paper size: the all-gather sends ~m n per rank, the ring all-reduce ~2 m n (W large)."""
     m, n = 50, 18_733
     two = exchanged_numbers(m, n, 2, shared=True)
-    assert two["payload"] == 1 + 25 * (n + 1) and two["sent_per_rank"] == two["payload"]
-    assert two["allreduce_sent_per_rank"] == 1 + m * (n + 1)  # 2 (W-1)/W = 1 at W = 2
+    assert two["payload"] == 1 + m + 25 * n and two["sent_per_rank"] == two["payload"]  # f, all of c, 25 rows
+    assert two["allreduce_sent_per_rank"] == 1 + m + m * n  # 2 (W-1)/W = 1 at W = 2
     many = exchanged_numbers(m, n, 64, shared=True)
-    assert many["sent_per_rank"] == 63 * (1 + 1 * (n + 1))  # ceil(50/64) = 1 row each
+    assert many["sent_per_rank"] == 63 * (1 + m + n)  # ceil(50/64) = 1 row each
     assert many["allreduce_sent_per_rank"] / (m * n) == pytest.approx(2 * 63 / 64, rel=1e-3)
-    assert exchanged_numbers(m, n, 4, shared=False)["total"] == 4 * (1 + m * (n + 1))
+    assert exchanged_numbers(m, n, 4, shared=False)["total"] == 4 * (1 + m + m * n)
+
+
+def test_exchanged_numbers_are_the_buffer_the_stepper_sends() -> None:
+    m, n, world = 5, 3, 2
+    sent: list[Tensor] = []
+    J = torch.zeros(3, n)
+    gather_step(lambda t: sent.append(t) or t.unsqueeze(0).expand(world, -1), world, torch.tensor(0.0),
+                torch.zeros(m), [m] * world, J, row_counts(m, world))
+    assert sent[0].numel() == exchanged_numbers(m, n, world, shared=True)["payload"]
 
 
 # ---------------------------------------------------------------------------- row-subset Jacobians
