@@ -47,6 +47,18 @@ def _clone_tensors(batch: Any) -> Any:
     return batch
 
 
+def _batch_limit(limit: int | float, loader: Any) -> float:
+    """How many batches of ``loader`` Lightning's ``limit_val_batches`` lets a validation see."""
+    if isinstance(limit, int):
+        return limit
+    if limit >= 1.0:
+        return math.inf
+    try:
+        return max(1, int(limit * len(loader)))
+    except TypeError:  # an iterable without a length
+        return math.inf
+
+
 class ConstrainedModule(pl.LightningModule, ABC):
     """Base class of a task trained with hard equality constraints.
 
@@ -373,7 +385,9 @@ class ConstrainedModule(pl.LightningModule, ABC):
         self.eval()
         try:
             for index, loader in enumerate(loaders):
-                for batch in loader:
+                for seen, batch in enumerate(loader):
+                    if seen >= _batch_limit(trainer.limit_val_batches, loader):
+                        break
                     batch = trainer.strategy.batch_to_device(batch, dataloader_idx=index)
                     f, c, r, metrics = self._evaluate(batch, "val")
                     batches += 1

@@ -236,3 +236,12 @@ def test_screenshot_script_writes_both_views(run: dict[str, Any], tmp_path: Path
     for view in ("opening", "images"):
         png = tmp_path / f"tensorboard_{view}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_start_validation_respects_limit_val_batches() -> None:
+    from lit_constrained.module import _batch_limit
+
+    assert _batch_limit(3, range(10)) == 3
+    assert _batch_limit(0.5, range(10)) == 5
+    assert _batch_limit(0.01, range(10)) == 1
+    assert _batch_limit(1.0, range(10)) == math.inf
