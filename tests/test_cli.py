@@ -13,6 +13,12 @@ from lit_constrained.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _command_line_is_the_args(monkeypatch):
+    """main(args) in a test: sys.argv holds pytest's options, which LightningCLI would warn about."""
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
+
+
 def test_fit_from_yaml_writes_tensorboard_events(tmp_path):
     main([
         "fit", "--config", str(ROOT / "configs/curve/sqp_adam.yaml"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,12 @@ import pytest
 from lit_constrained.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _command_line_is_the_args(monkeypatch):
+    """main(args) in a test: sys.argv holds pytest's options, which LightningCLI would warn about."""
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
 CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml"))
 
 
