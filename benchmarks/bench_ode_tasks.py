@@ -15,7 +15,9 @@ median over repetitions of the per-repetition ratio SQP-Adam / Adam(unc).
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
+import subprocess
 import time
 from functools import partial
 from typing import Any
@@ -41,6 +43,17 @@ class StepTimer(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         self.times.append(time.perf_counter() - self._start)
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def build(task: str, method: str, derivative: str, threads: int) -> tuple[L.LightningModule, L.LightningDataModule]:
@@ -81,6 +94,7 @@ def main() -> None:
     parser.add_argument("--derivatives", nargs="+", default=["forward"], choices=["forward", "reverse"],
                         help="chemistry: du/dt by forward- or reverse-mode AD (each is timed)")
     args = parser.parse_args()
+    print(f"CPU: {cpu_model()}; torch {torch.__version__}")
 
     for task in args.tasks:
         derivatives = args.derivatives if task == "chemistry" else ["-"]

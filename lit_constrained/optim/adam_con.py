@@ -36,8 +36,9 @@ class AdamCon(ConstrainedOptimizer):
 
     Solved in the scaled variable :math:`z = H^{1/2} d` with :math:`\hat J = J H^{-1/2}`:
     :math:`z = -\hat P H^{-1/2}\hat m - \hat J^+ c`, which is the same KKT solution and reuses the
-    rank-revealing float64 factorization (:class:`~lit_constrained.optim.nullspace.NullSpace` of
-    :math:`\hat J`). The normal component :math:`-H^{-1/2}\hat J^+ c` satisfies :math:`J(\cdot) = -c`;
+    rank-revealing factorization (:mod:`~lit_constrained.optim.nullspace`) of :math:`\hat J` (formed
+    each step in the parameters' dtype; its refinement residuals are taken with J itself, so the
+    rounding of :math:`\hat J` is corrected too). The normal component :math:`-H^{-1/2}\hat J^+ c` satisfies :math:`J(\cdot) = -c`;
     ``rho`` scales it (the paper's method is ``rho=1``), and ``rho="full"`` takes it unscaled by the lr,
     so the linearized constraints are restored in one step.
 
@@ -48,7 +49,8 @@ class AdamCon(ConstrainedOptimizer):
         eps: added inside the square root of H, per group.
         rho: normal-component scale (1.0 is the published method) or ``"full"`` (the default). Shared.
         rcond: relative singular-value cutoff defining the numerical rank of :math:`\hat J`. Shared.
-        max_normal_step: the normal-step safeguard (a cap relative to ||x||, or ``None``). Shared.
+        max_normal_step: the normal-step safeguard (``"adaptive"``, the default; a cap relative to ||x||;
+            or ``None``). Shared.
         precision: ``"native"`` or ``"float64"`` (the reference). Shared.
     """
 

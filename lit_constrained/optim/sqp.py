@@ -37,10 +37,13 @@ class SQPHeavyBall(ConstrainedOptimizer):
         x_{k+1} &= x_k + \alpha_k d_k
 
     so :math:`J_k d_k = -\rho c_k`. With :math:`\beta = 0, \rho = h = 1`, d solves the KKT system
-    :math:`[[I, J^T], [J, 0]] [d; y] = -[g; c]`. The linear algebra is done in float64 with a
-    rank-revealing factorization (:class:`~lit_constrained.optim.nullspace.NullSpace`): for a
-    rank-deficient J, P projects on the numerical null space and v is the minimum-norm
-    least-squares normal step; the rank is reported in ``optimizer.diagnostics["rank"]``.
+    :math:`[[I, J^T], [J, 0]] [d; y] = -[g; c]`. The m x m algebra is done in float64 with a
+    rank-revealing eigendecomposition of :math:`J J^T` (:mod:`~lit_constrained.optim.nullspace`), J and
+    the momentum stay in the parameters' dtype: for a rank-deficient J, P projects on the numerical null
+    space and v is the minimum-norm least-squares normal step; the rank is reported in
+    ``optimizer.diagnostics["rank"]``. Per step J is read for the Gram matrix, for J g, for
+    :math:`J^T G^+ J g`, for :math:`J r` and for :math:`J^T z` (v and :math:`P r` merged; see
+    :class:`~lit_constrained.optim.constrained.ConstrainedOptimizer`).
 
     Args:
         params: parameters or parameter groups (complex parameters enter as ``view_as_real``).
@@ -52,8 +55,10 @@ class SQPHeavyBall(ConstrainedOptimizer):
             :class:`~lit_constrained.optim.constrained.ConstrainedOptimizer`). Shared by all groups.
         h: tangential scale h > 0, per group.
         rcond: relative singular-value cutoff defining the numerical rank of J. Shared.
-        max_normal_step: the safeguard on the normal step: a fixed cap relative to ||x||, or ``None``
-            (see :class:`~lit_constrained.optim.constrained.ConstrainedOptimizer`). Shared.
+        max_normal_step: the safeguard on the normal step: ``"adaptive"`` (the default: a trust radius
+            on the full normal step, adapted from the actual vs linearized decrease of ||c||), a fixed cap
+            relative to ||x||, or ``None`` (see :class:`~lit_constrained.optim.constrained.ConstrainedOptimizer`).
+            Shared.
         precision: ``"native"`` (n-vectors in the parameters' dtype) or ``"float64"`` (the reference). Shared.
 
     ``step(closure=None, *, constraints, jacobian, diagnostics=False)``: g is read from ``p.grad``;
@@ -118,8 +123,8 @@ class SQPAdam(ConstrainedOptimizer):
         x_{k+1} &= x_k + \alpha_k d_k \qquad (\eta_k \text{ does not multiply } v_k)
 
     Hence :math:`J_k d_k = -\rho c_k`, and for a constant u (in the null space) the tangential step is
-    :math:`\alpha (1-\beta_1^k)\,\mathrm{sign}(u)`: a built-in warm-up. Linear algebra in float64 with a
-    rank-revealing factorization, as :class:`SQPHeavyBall`.
+    :math:`\alpha (1-\beta_1^k)\,\mathrm{sign}(u)`: a built-in warm-up. The linear algebra and its
+    precision are those of :class:`SQPHeavyBall`; :math:`\eta_k` is folded into the merged step's scalar.
 
     Args:
         params: parameters or parameter groups.
@@ -129,7 +134,8 @@ class SQPAdam(ConstrainedOptimizer):
         rho: normal-step scale, or ``"full"`` (the default) for :math:`\rho_k = 1/\alpha_k`. Shared.
         h: tangential scale, per group.
         rcond: relative singular-value cutoff defining the numerical rank of J. Shared.
-        max_normal_step: the normal-step safeguard (a cap relative to ||x||, or ``None``). Shared.
+        max_normal_step: the normal-step safeguard (``"adaptive"``, the default; a cap relative to ||x||;
+            or ``None``). Shared.
         precision: ``"native"`` or ``"float64"`` (the reference). Shared.
     """
 
