@@ -138,3 +138,24 @@ def test_darcy_per_sample_jacobian_by_constraint_rows() -> None:
     assert [p.shape[0] for p in parts] == row_counts(m, world)
     torch.testing.assert_close(torch.cat(parts), full, rtol=1e-10, atol=1e-12)
     assert task.constraint_jacobian(batch, c, params, rows=slice(m, m)).shape == (0, full.shape[1])  # m < W
+
+
+def test_darcy_rows_grouping_makes_no_host_sync() -> None:
+    """The grouping an accelerator uses ("rows") has no data-dependent shape: the per-sample Jacobian
+    then adds no host sync to the step (the "auto" cost model reads group sizes on the host)."""
+    from test_darcy import SMALL_DATA, small_task, train_batch
+
+    from lit_constrained.tasks.darcy import DarcyData, per_sample_jacobian
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sync_counting import SyncCounter
+
+    dm = DarcyData(**SMALL_DATA)
+    task = small_task("float64")
+    b = task._batch(train_batch(dm))
+    params = list(task.parameters())
+    args = (task, params, task._sample_residuals, (b["con_x"], b["con_nu"]), b["con_sample"][2:7], b["con_node"][2:7])
+    with SyncCounter() as syncs:
+        rows = per_sample_jacobian(*args, mode="rows")
+    assert syncs.count == 0, syncs.calls
+    torch.testing.assert_close(rows, per_sample_jacobian(*args, mode="samples"), rtol=1e-10, atol=1e-12)

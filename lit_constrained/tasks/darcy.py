@@ -132,7 +132,9 @@ def constraint_units(sample: Tensor, node: Tensor, mode: GroupingMode = "auto") 
     * ``"rows"``: one unit per constraint (m forward and m backward passes);
     * ``"samples"``: one unit per distinct sample, padded to the largest number of constraints on one
       sample G (S forward and S G backward passes);
-    * ``"auto"``: the cheaper of the two, counting a backward pass as two forward passes.
+    * ``"auto"``: the cheaper of the two, counting a backward pass as two forward passes
+      (:func:`per_sample_jacobian` takes ``"rows"`` on an accelerator: the cost model needs the
+      group sizes on the host, a sync per step).
 
     One ``vmap`` call covers all units: on small networks each call has a fixed cost of the order of
     a whole batched pass, so one padded call beats one call per group size.
@@ -144,6 +146,9 @@ def constraint_units(sample: Tensor, node: Tensor, mode: GroupingMode = "auto") 
     if mode not in ("auto", "rows", "samples"):
         raise ValueError(f"grouping mode must be 'auto', 'rows' or 'samples', got {mode!r}.")
     m = sample.numel()
+    if mode == "rows":  # no data-dependent shape: no host sync on an accelerator
+        index = torch.arange(m, device=sample.device)
+        return sample, node[:, None], index, torch.zeros_like(index)
     distinct, inverse, counts = torch.unique(sample, return_inverse=True, return_counts=True)
     width = int(counts.max()) if m else 0
     if mode == "auto":
@@ -197,7 +202,9 @@ def per_sample_jacobian(
     n = sum(r.numel() for r in real)
     m = sample.numel()
     if m == 0:
-        return torch.zeros(0, n, dtype=real[0].dtype if real else torch.get_default_dtype())
+        return torch.zeros(0, n, dtype=real[0].dtype if real else torch.get_default_dtype(), device=sample.device)
+    if mode == "auto" and sample.device.type != "cpu":
+        mode = "rows"  # the cost model reads counts on the host: on an accelerator, no host sync instead
     owner, table, unit, slot = constraint_units(sample, node, mode)
 
     def residuals_at(real_params: tuple[Tensor, ...], nodes: Tensor, *inputs: Tensor) -> Tensor:
@@ -211,7 +218,7 @@ def per_sample_jacobian(
     inputs = [t[owner] for t in sample_inputs]
     jac = vmap(jacrev(residuals_at), in_dims=in_dims)(real, table, *inputs)
     flat = torch.cat([j.reshape(table.shape[0], table.shape[1], -1) for j in jac], dim=2)
-    if table.shape[0] == m and table.shape[1] == 1 and torch.equal(unit, torch.arange(m, device=unit.device)):
+    if mode == "rows" or (table.shape == (m, 1) and torch.equal(unit, torch.arange(m, device=unit.device))):
         return flat[:, 0]  # one unit per constraint, in order: no gather needed
     return flat[unit, slot]
 
