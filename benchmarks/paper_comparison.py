@@ -2,7 +2,9 @@
 
 The grid (``lit-constrained compare``, one worker process, one torch thread) writes its run records
 and report to ``docs/compare/<task>/`` (committed: small JSON records, tables, figures) and its
-configs, logs and TensorBoard events to ``results/compare/<task>/`` (git-ignored). Every
+configs and logs to ``results/compare/<task>/`` (git-ignored). Runs have no TensorBoard logger
+(``--tensorboard`` adds it): rendering the task's prediction figure at every validation costs about as
+much as the training on the spring task. Every
 ``--commit-every`` minutes and at the end the report is redrawn from the records and
 ``docs/compare/<task>/`` is committed (nothing else), so a session that ends mid-grid loses at most
 the runs in flight; running the same command again skips every recorded run.
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-commit", action="store_true", help="only run and redraw; commit nothing")
     p.add_argument("--report-only", action="store_true", help="redraw the report from the records (and commit)")
     p.add_argument("--working-tree", action="store_true", help="run the working tree instead of HEAD's code")
+    p.add_argument("--tensorboard", action="store_true", help="a TensorBoard logger per run (slower)")
     args, extra = p.parse_known_args(argv)
 
     records = ROOT / "docs" / "compare" / args.task
@@ -89,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     command = [sys.executable, "-m", "lit_constrained.compare", "--task", args.task, "--rho", args.rho,
                "--out", str(records), "--work-dir", str(work), "--jobs", "1", "--threads", "1", "--no-progress",
                *(["--budget-fraction", str(args.budget_fraction)] if args.budget_fraction is not None else []),
+               *([] if args.tensorboard else ["--no-tensorboard"]),
                *extra]
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
 

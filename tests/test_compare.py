@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from lit_constrained.compare import main
-from lit_constrained.compare.configs import config_budget, find_config, run_config
+from lit_constrained.compare.configs import config_budget, find_config, fingerprint, run_config
 from lit_constrained.compare.grid import RunSpec, build_grid, execution_order, parse_rho, resolve_budget
 from lit_constrained.compare.verdict import CLAIMS, Finals, least_lr_sensitive, lowest, verdict_table
 from lit_constrained.compare.worker import history_columns, history_from_columns, summarize, thin_history
@@ -135,6 +135,9 @@ def test_run_config_overrides(tmp_path):
     assert config["trainer"]["max_epochs"] == 7 and config["trainer"]["check_val_every_n_epoch"] == 2
     assert config["trainer"]["logger"]["init_args"]["version"] == spec.name
     yaml.safe_dump(config)  # serializable
+    # without TensorBoard (no event files, no prediction figures): no logger, and the same run (fingerprint)
+    quiet = run_config(spec, ROOT / "configs", tmp_path, threads=1, eval_every=2, tensorboard=False)
+    assert quiet["trainer"]["logger"] is False and fingerprint(quiet) == fingerprint(config)
     # a method without its own config file is swapped into another config of the task
     swapped = run_config(RunSpec("curve", "adam_con", "paper", 1.0, 0.01, "default", 0, 1), ROOT / "configs",
                          tmp_path, threads=1)

@@ -82,6 +82,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / jobs)")
     p.add_argument("--isolate", action="store_true", help="a fresh process per run (default: workers are reused)")
     p.add_argument("--report-only", action="store_true", help="only rewrite CSV/JSON/figures/table from results")
+    p.add_argument("--no-tensorboard", action="store_true",
+                   help="no TensorBoard logger per run (no event files, no prediction figure rendered at every "
+                        "validation: faster long grids; the run records are the same)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run_grid(
             runs, args.config_dir, out, args.jobs, threads, eval_every, grid.test_metric,
             isolate=args.isolate, progress=not args.no_progress, prefer_paper=prefer_paper,
-            work_dir=work, budget=budget,
+            work_dir=work, budget=budget, tensorboard=not args.no_tensorboard,
         )
         failed = outcome.failed
         print(f"{len(outcome.finished)} run(s) done, {len(outcome.skipped)} skipped, {len(failed)} failed",

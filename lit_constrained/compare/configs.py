@@ -115,14 +115,16 @@ def _recommended_optimizer_args(config_dir: Path, task: str, method: str) -> dic
 
 
 def run_config(
-    spec: RunSpec, config_dir: Path, out_dir: Path, threads: int, eval_every: int = 1, prefer_paper: bool = False
+    spec: RunSpec, config_dir: Path, out_dir: Path, threads: int, eval_every: int = 1, prefer_paper: bool = False,
+    tensorboard: bool = True,
 ) -> dict[str, Any]:
     """The full LightningCLI config dict of one run (see :func:`find_config` for ``prefer_paper``).
 
     ``out_dir`` receives the run's TensorBoard logs and its temporary history file. The ``full`` rho
     variant runs the same config (problem size, data, model) with the optimizer settings of
     ``<task>/recommended/<method>.yaml`` where it exists: the recommended settings of the full normal
-    step besides rho (e.g. Darcy's ``max_normal_step`` cap).
+    step besides rho (e.g. Darcy's ``max_normal_step`` cap). ``tensorboard=False``: no logger (no event
+    files and no prediction figure rendered at each validation; the run record is the same).
     """
     path, exact = find_config(config_dir, spec.task, spec.method, prefer_paper)
     config = yaml.safe_load(path.read_text()) or {}
@@ -181,7 +183,7 @@ def run_config(
                 "version": spec.name,
                 "default_hp_metric": False,
             },
-        },
+        } if tensorboard else False,
     )
     if trainer.get("strategy") not in (None, "auto"):
         trainer["strategy"] = "auto"

@@ -62,6 +62,7 @@ def run_grid(
     prefer_paper: bool = False,
     work_dir: Path | None = None,
     budget: Budget | None = None,
+    tensorboard: bool = True,
 ) -> GridOutcome:
     """Execute every unfinished run of ``runs``; returns which finished, were skipped or failed.
 
@@ -92,7 +93,8 @@ def run_grid(
     with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1 if isolate else None) as pool:
         futures = {
             pool.submit(execute, spec.to_dict(), str(config_dir), str(out_dir), threads, eval_every, test_metric,
-                        prefer_paper, str(work_dir), budget.to_dict() if budget is not None else None): spec
+                        prefer_paper, str(work_dir), budget.to_dict() if budget is not None else None,
+                        tensorboard): spec
             for spec in todo
         }
         for future in as_completed(futures):

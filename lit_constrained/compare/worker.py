@@ -132,17 +132,17 @@ def summarize(history: list[dict[str, float]], test_metric: str) -> dict[str, fl
 
 def execute(spec_data: dict[str, Any], config_dir: str, out_dir: str, threads: int, eval_every: int,
             test_metric: str, prefer_paper: bool = False, work_dir: str | None = None,
-            budget: dict[str, Any] | None = None) -> dict[str, Any]:
+            budget: dict[str, Any] | None = None, tensorboard: bool = True) -> dict[str, Any]:
     """Run one grid point (in the calling process) and write its result file; returns the result.
 
     ``out_dir`` receives the result file (``runs/<run>.json``); ``work_dir`` (default ``out_dir``) the
     run's config, log, TensorBoard events and temporary history. ``budget`` (``Budget.to_dict()``)
-    is stored in the result.
+    is stored in the result. ``tensorboard=False`` runs without a logger.
     """
     spec = RunSpec.from_dict(spec_data)
     out = Path(out_dir)
     work = Path(work_dir) if work_dir is not None else out
-    config = run_config(spec, Path(config_dir), work, threads, eval_every, prefer_paper)
+    config = run_config(spec, Path(config_dir), work, threads, eval_every, prefer_paper, tensorboard)
     source, _ = find_config(Path(config_dir), spec.task, spec.method, prefer_paper)
     config_path = work / "configs" / f"{spec.name}.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
