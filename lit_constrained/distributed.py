@@ -81,10 +81,13 @@ def gather_step(
 
     Returns:
         f as the rank mean, c and J as the rank-order concatenation of the ranks' entries / rows, in
-        the dtypes given (the buffer travels in f's dtype).
+        the dtypes given (the buffer travels in the widest of their dtypes).
     """
-    dtype = objective.dtype
-    pieces = [objective.detach().reshape(1)]
+    dtype = objective.dtype  # the widest of the three: a bfloat16 f (mixed precision) must not round J
+    for t in (constraints, jacobian):
+        if t is not None:
+            dtype = torch.promote_types(dtype, t.dtype)
+    pieces = [objective.detach().reshape(1).to(dtype)]
     c_width = max(constraint_counts)
     if constraints is not None:
         pieces.append(_pad_rows(constraints.detach().reshape(-1, 1).to(dtype), c_width).reshape(-1))
@@ -93,7 +96,7 @@ def gather_step(
         n = jacobian.shape[1]
         pieces.append(_pad_rows(jacobian.detach().to(dtype), J_width).reshape(-1))
     gathered = all_gather(torch.cat(pieces)).reshape(world_size, -1)
-    f_mean = gathered[:, 0].mean()
+    f_mean = gathered[:, 0].mean().to(objective.dtype)
     c = J = None
     offset = 1
     if constraints is not None:

@@ -159,3 +159,11 @@ def test_darcy_rows_grouping_makes_no_host_sync() -> None:
         rows = per_sample_jacobian(*args, mode="rows")
     assert syncs.count == 0, syncs.calls
     torch.testing.assert_close(rows, per_sample_jacobian(*args, mode="samples"), rtol=1e-10, atol=1e-12)
+
+
+def test_gather_step_keeps_a_float32_jacobian_exact_beside_a_bfloat16_objective() -> None:
+    J = torch.tensor([[1.0 + 2**-20, 3.0]])  # not representable in bfloat16
+    out = gather_step(lambda t: t.unsqueeze(0), 1, torch.tensor(0.5, dtype=torch.bfloat16), torch.tensor([1e-7]),
+                      [1], J, [1])
+    assert out.jacobian.dtype == torch.float32 and torch.equal(out.jacobian, J)
+    assert out.objective.dtype == torch.bfloat16 and float(out.objective) == 0.5
