@@ -57,8 +57,6 @@ def test_tiny_grid_writes_outputs_and_skips_finished_runs(tmp_path, capsys):
     for row in rows:
         assert math.isfinite(float(row["objective"])) and math.isfinite(float(row["test_error"]))
         assert float(row["violation_max"]) >= 0 and row["test_metric"] == "mse"
-    # the curve task's validation set is the noiseless target, so val objective == val mse there
-    assert all(float(r["objective"]) == pytest.approx(float(r["test_error"])) for r in rows)
 
     # step counts: full batch on curve (256 samples, batch 256) is one optimizer step per epoch
     summaries = json.loads((out / "results.json").read_text())
@@ -251,14 +249,23 @@ def test_records_keep_the_validated_epochs_compactly():
 
 
 def test_rho_full_keeps_the_paper_size_and_takes_the_recommended_optimizer_settings(tmp_path):
+    import shutil
+
+    configs = tmp_path / "configs"
+    (configs / "darcy" / "paper").mkdir(parents=True)
+    (configs / "darcy" / "recommended").mkdir()
+    shutil.copy(ROOT / "configs" / "darcy" / "paper" / "sqp_adam.yaml", configs / "darcy" / "paper" / "sqp_adam.yaml")
+    (configs / "darcy" / "recommended" / "sqp_adam.yaml").write_text(
+        "model:\n  class_path: lit_constrained.tasks.darcy.Darcy\n  init_args:\n    optimizer:\n"
+        "      class_path: lit_constrained.optim.SQPAdam\n"
+        "      init_args: {lr: 1.0e-2, rho: full, max_normal_step: 0.02}\n"
+    )
     spec = RunSpec("darcy", "sqp_adam", "full", "full", 1e-3, "minibatch", 0, 3)
-    config = run_config(spec, ROOT / "configs", tmp_path, threads=1, prefer_paper=True)
-    recommended = yaml.safe_load((ROOT / "configs" / "darcy" / "recommended" / "sqp_adam.yaml").read_text())
-    cap = recommended["model"]["init_args"]["optimizer"]["init_args"]["max_normal_step"]
+    config = run_config(spec, configs, tmp_path, threads=1, prefer_paper=True)
     opt = config["model"]["init_args"]["optimizer"]["init_args"]
-    assert opt["rho"] == "full" and opt["lr"] == 1e-3 and opt["max_normal_step"] == cap
+    assert opt["rho"] == "full" and opt["lr"] == 1e-3 and opt["max_normal_step"] == 0.02
     assert config["model"]["init_args"]["n_modes"] == [16, 16]  # the paper's FNO, not the embedded one
-    paper = run_config(RunSpec("darcy", "sqp_adam", "paper", 0.5, 1e-3, "minibatch", 0, 3), ROOT / "configs",
+    paper = run_config(RunSpec("darcy", "sqp_adam", "paper", 0.5, 1e-3, "minibatch", 0, 3), configs,
                        tmp_path, threads=1, prefer_paper=True)
     assert "max_normal_step" not in paper["model"]["init_args"]["optimizer"]["init_args"]
 
