@@ -85,6 +85,7 @@ class ConstrainedArgumentParser(LightningArgumentParser):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("prog", "lit-constrained")
         kwargs.setdefault("description", DESCRIPTION)
         kwargs.setdefault("formatter_class", PlainHelpFormatter)
         kwargs.setdefault("allow_abbrev", False)

@@ -31,7 +31,12 @@ step ``rho="full"`` and its default safeguard, ``max_normal_step``)."""
 
 
 def default_optimizer(params: Iterable) -> Optimizer:
-    """The default optimizer (:data:`DEFAULT_OPTIMIZER`) over ``params``."""
+    """The default optimizer (:data:`DEFAULT_OPTIMIZER`) over ``params``.
+
+    The module's default is this function, not the dict: a config that names another optimizer then
+    starts from that class's own defaults (a dict default would carry SQP-Adam's values, e.g. its eps,
+    into every class that takes the same argument names). The hyper-parameters store the dict.
+    """
     return SpecFactory(DEFAULT_OPTIMIZER)(params)
 
 
@@ -104,7 +109,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
 
     def __init__(
         self,
-        optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,  # type: ignore[assignment]  (a plain spec)
+        optimizer: OptimizerCallable = default_optimizer,
         lr_scheduler: LRSchedulerCallable | None = None,
         penalty_weight: float = 0.0,
         on_nonfinite: NonFinitePolicy = "raise",
@@ -114,7 +119,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
-        optimizer_spec = as_class_spec(optimizer, "optimizer")
+        optimizer_spec = DEFAULT_OPTIMIZER if optimizer is default_optimizer else as_class_spec(optimizer, "optimizer")
         if optimizer_spec is None:
             raise TypeError("optimizer=None: pass an optimizer class (or leave the default SQP-Adam).")
         lr_scheduler_spec = as_class_spec(lr_scheduler, "lr_scheduler")

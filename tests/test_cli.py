@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from lit_constrained.cli import main
 
@@ -113,3 +114,25 @@ def test_config_typo_is_a_clear_error():
     out = run_cli("fit", "--config", "configs/curve/sqp_adam.yaml", "--model.init_args.hiden", "3")
     assert out.returncode != 0
     assert "hiden" in out.stderr
+
+
+def test_a_config_naming_another_optimizer_gets_that_class_defaults(tmp_path):
+    """Not SQP-Adam's values for shared argument names (torch Adam's eps is 1e-8, SQP-Adam's 1e-7)."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "configs/curve/sqp_adam.yaml").read_text())
+    config["model"]["init_args"]["optimizer"] = {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.01}}
+    (tmp_path / "adam.yaml").write_text(yaml.safe_dump(config))
+    from lit_constrained.cli import ConstrainedCLI
+    from lit_constrained.cli_parsing import ConstrainedArgumentParser
+    from lit_constrained.module import ConstrainedModule
+    import lightning.pytorch as pl
+
+    cli = ConstrainedCLI(
+        ConstrainedModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+        auto_configure_optimizers=False, parser_class=ConstrainedArgumentParser, run=False,
+        args=["--config", str(tmp_path / "adam.yaml"), "--trainer.logger", "false"],
+    )
+    optimizer = cli.model.configure_optimizers()
+    assert isinstance(optimizer, torch.optim.Adam) and optimizer.param_groups[0]["eps"] == 1e-8
+    assert cli.model.hparams.optimizer["init_args"]["eps"] == 1e-8
