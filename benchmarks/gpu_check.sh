@@ -43,7 +43,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 run 200 "cuda tests" python -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider
 run 90 "optimizer step on the GPU (ms per step, ratio to torch Adam)" \
   python benchmarks/bench_gpu_steps.py --optimizer-only --accelerator gpu --sizes 1e5 1e6 --ms 10 50 --rounds 2
-run 170 "training steps per task on the GPU: SQP-Adam(con) / Adam(unc)" \
+run 150 "training steps per task on the GPU: SQP-Adam(con) / Adam(unc)" \
   python benchmarks/bench_gpu_steps.py --accelerator gpu --steps 30 --warmup 5 --rounds 2
 log ""
 log "total: $SECONDS s"
