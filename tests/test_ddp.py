@@ -387,3 +387,15 @@ def test_constraints_differing_across_ranks_while_declared_shared_are_refused(dd
     for rank in ddp["ranks"]:
         message = rank["shared_flag_wrong"]
         assert "differs across ranks" in message and "constraints_shared = False" in message, message
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_logged_metric_equals_the_one_process_run(
+    ddp: dict[str, Any], single: dict[str, dict[str, Any]], name: str
+) -> None:
+    """The row-sharded 2-process run logs the same keys at the same steps as the 1-process run on the
+    union, with the same values (1e-12 for float64 quantities; see ``_rel``)."""
+    logged, logged_ref = _metrics_by_step(ddp["ranks"][0][name]), _metrics_by_step(single[name])
+    assert sorted(logged) == sorted(logged_ref)
+    for key, value in logged.items():
+        assert value == pytest.approx(logged_ref[key], rel=_rel(key[1]), abs=1e-14), key
