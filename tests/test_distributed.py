@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -167,3 +168,28 @@ def test_gather_step_keeps_a_float32_jacobian_exact_beside_a_bfloat16_objective(
                       [1], J, [1])
     assert out.jacobian.dtype == torch.float32 and torch.equal(out.jacobian, J)
     assert out.objective.dtype == torch.bfloat16 and float(out.objective) == 0.5
+
+
+def test_an_override_without_rows_still_gives_the_rows() -> None:
+    """A task's constraint_jacobian written before the ``rows`` argument: the stepper computes the
+    whole J through it and keeps the rank's rows; one with ``rows`` is asked for those rows only."""
+    from lit_constrained.stepping import _jacobian_rows
+
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    c = x.pow(2) * torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
+    dense = torch.diag(2 * x.detach() * torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64))
+    calls: list[Any] = []
+
+    class Old:
+        def constraint_jacobian(self, batch: Any, constraints: Tensor, params: Any) -> Tensor:
+            calls.append("old")
+            return constraint_jacobian(constraints, params)
+
+    class New:
+        def constraint_jacobian(self, batch: Any, constraints: Tensor, params: Any, rows: slice | None = None) -> Tensor:
+            calls.append(rows)
+            return constraint_jacobian(constraints, params, rows=rows)
+
+    for module in (Old(), New()):
+        torch.testing.assert_close(_jacobian_rows(module, None, c, [x], slice(1, 3)), dense[1:3])  # type: ignore[arg-type]
+    assert calls == ["old", slice(1, 3)]
