@@ -121,10 +121,14 @@ class AdamCon(ConstrainedOptimizer):
         return step.mul_(projection.extras["inverse_sqrt_scaling"])  # d = H^{-1/2} z
 
     def _normal_norm(self, projection: Projection, c: Tensor) -> Tensor:
-        """||H^{-1/2} J~^+ c||: one pass over J~ (the scaling breaks the free identity of the SQP methods)."""
-        out = self._buffer("normal", (projection.jacobian.shape[1],), projection.jacobian.dtype, c.device)
-        merged_step(projection.jacobian, projection.factor, None, 0.0, c, 0, out)
-        return self._to_x(projection, out).norm().to(torch.float64)
+        """||H^{-1/2} J~^+ c||: one pass over J~ (the scaling breaks the free identity of the SQP methods);
+        the direction -J~^+ c is kept for the step itself (``extras["normal_direction"]``)."""
+        n, dtype = projection.jacobian.shape[1], projection.jacobian.dtype
+        direction = self._buffer("normal_direction", (n,), dtype, c.device)
+        merged_step(projection.jacobian, projection.factor, None, 0.0, c, 0, direction)
+        projection.extras["normal_direction"] = direction
+        scratch = self._buffer("normal", (n,), dtype, c.device)
+        return torch.mul(direction, projection.extras["inverse_sqrt_scaling"], out=scratch).norm().to(torch.float64)
 
     def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
         return self._factorize(jacobian)[0]  # the rank of J itself (diagnostic steps only)

@@ -77,13 +77,14 @@ from .nullspace import (
     DEFAULT_RCOND,
     GramFactor,
     NullSpace,
+    chunk_columns,
     exact_gram,
     exact_matvec,
     exact_refinements,
     gram,
     gram_partials_shape,
     merged_step,
-    chunk_columns,
+    refine_,
     refinement_plan,
 )
 
@@ -399,8 +400,16 @@ class ConstrainedOptimizer(Optimizer, ABC):
             s = 1.0 if rho == "full" else lr * float(rho)
             scale, normal_norm = self._normal_scale(projection, c, s, params, state)
             if uniform:
-                merged_step(projection.jacobian, projection.factor, w, a, scale * c, refinements, delta,
-                            self._exact_workspace(projection.jacobian), self._scaled(projection, J))
+                workspace, scaled = self._exact_workspace(projection.jacobian), self._scaled(projection, J)
+                normal = projection.extras.get("normal_direction")
+                if normal is None:
+                    merged_step(projection.jacobian, projection.factor, w, a, scale * c, refinements, delta,
+                                workspace, scaled)
+                else:  # -J~^+ c was formed for the safeguard's norm: reuse it, a P~ w + s (-J~^+ c)
+                    merged_step(projection.jacobian, projection.factor, w, a, torch.zeros_like(c), 0, delta)
+                    delta.addcmul_(normal, scale.to(delta.dtype))
+                    refine_(projection.jacobian, projection.factor, delta, scale * c, refinements, workspace,
+                            scaled)
                 self._to_x(projection, delta)
             else:
                 self._mixed_lr_step(projection, w, c, scale, None, refinements, J, delta)

@@ -296,6 +296,20 @@ def merged_step(
     else:
         z = factor.solve(sc + a * matvec(J, w)).to(J.dtype)
         torch.addmv(w, J.T, z, beta=a, alpha=-1.0, out=out)  # a w - J^T z in one pass
+    return refine_(J, factor, out, sc, refinements, workspace, scaled)
+
+
+def refine_(
+    J: Tensor,
+    factor: GramFactor,
+    out: Tensor,
+    sc: Tensor,
+    refinements: int,
+    workspace: tuple[Tensor, Tensor] | None = None,
+    scaled: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> Tensor:
+    r"""``refinements`` steps of iterative refinement of :math:`J\,out = -U_r U_r^T (sc)` in place:
+    residual from :func:`exact_matvec`, correction :math:`J^T G^+ r` (see :func:`merged_step`)."""
     if refinements:
         target = -factor.range_part(sc)
         for _ in range(refinements):
