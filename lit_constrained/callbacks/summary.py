@@ -20,6 +20,7 @@ validation loader (so a run of any length reports them).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from typing import Any
@@ -177,7 +178,14 @@ class FitSummary(Callback):
         datamodule = trainer.datamodule
         if datamodule is None or not overrides_hook(datamodule, "val_dataloader"):
             return {}
+        limit = trainer.limit_val_batches
+        if limit == 0:  # validation switched off: none at the end either
+            return {}
         loader = datamodule.val_dataloader()
+        if isinstance(limit, int) or limit < 1.0:  # the Trainer's limit on the number of batches
+            total = len(loader) if hasattr(loader, "__len__") else None
+            count = limit if isinstance(limit, int) else (math.ceil(limit * total) if total else None)
+            loader = itertools.islice(loader, count) if count is not None else loader
         imposed, residual, objectives, metrics = _EvalCount(), _EvalCount(), [], {}
         has_residual = overrides(pl_module, "validation_constraints")
         was_training = pl_module.training
