@@ -392,8 +392,11 @@ class ConstrainedOptimizer(Optimizer, ABC):
         uniform = all(rate == lr for rate in lrs)
         a = lr * projection.tangent_scale
         delta = self._buffer("delta", (n,), dtype, device)
-        if m == 0:
-            torch.mul(w, a, out=delta) if uniform else self._scale_by_group_lr(delta, w).mul_(projection.tangent_scale)
+        if m == 0:  # no constraints: the unprojected direction, scaled by each group's lr
+            if uniform:
+                torch.mul(w, a, out=delta)
+            else:
+                self._scale_by_group_lr(delta, w).mul_(projection.tangent_scale)
             scale = None
             normal_norm = torch.zeros((), dtype=torch.float64, device=device)
         elif uniform or rho == "full":
