@@ -308,7 +308,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
                                     jacobian.device)
         G = gram(jacobian, partials)
         finite = torch.isfinite(G).all()
-        G = torch.nan_to_num(G, nan=0.0, posinf=0.0, neginf=0.0)  # garbage in, flagged: never used
+        G = torch.where(finite, G, 0.0)  # a non-finite G is flagged (the step raises): never used
         return GramFactor.from_gram(G, self.param_groups[0]["rcond"]), finite
 
     def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
