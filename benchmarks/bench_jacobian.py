@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from lit_constrained.optim import constraint_jacobian
-from lit_constrained.tasks.common import cast_floats
+from lit_constrained.batch import cast_floats
 
 
 def spring_case(minibatch: bool) -> tuple[Any, Any]:

@@ -24,7 +24,7 @@ import torch
 
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall
 from lit_constrained.tasks.burgers import Burgers, BurgersData
-from lit_constrained.tasks.common import cast_floats
+from lit_constrained.batch import cast_floats
 
 
 def make_optimizer(method: str, lr: float, rho: Any) -> Callable[[Any], torch.optim.Optimizer]:

@@ -15,6 +15,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 from torch.optim import Optimizer
 
+from .batch import cast_floats, clone_tensors
 from .class_spec import TRUSTED_MODULES, SpecFactory, as_class_spec, check_trusted
 from .optim.jacobian import JacobianMethod, constraint_jacobian
 from .callbacks.monitoring import (
@@ -30,6 +31,10 @@ DEFAULT_OPTIMIZER: dict[str, Any] = {"class_path": "lit_constrained.optim.SQPAda
 step ``rho="full"`` and its default safeguard, ``max_normal_step``)."""
 
 
+VARYING_SCALARS_KEY = "lit_constrained_varying_scalars"
+"""Checkpoint key of which optimizer diagnostics were charted (so a resumed run charts the same tags)."""
+
+
 def default_optimizer(params: Iterable) -> Optimizer:
     """The default optimizer (:data:`DEFAULT_OPTIMIZER`) over ``params``.
 
@@ -38,18 +43,6 @@ def default_optimizer(params: Iterable) -> Optimizer:
     into every class that takes the same argument names). The hyper-parameters store the dict.
     """
     return SpecFactory(DEFAULT_OPTIMIZER)(params)
-
-
-def _clone_tensors(batch: Any) -> Any:
-    """Copies of the batch's tensors made outside inference mode (so autograd can use them)."""
-    if isinstance(batch, Tensor):
-        return batch.clone()
-    if isinstance(batch, dict):
-        return {k: _clone_tensors(v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        items = [_clone_tensors(v) for v in batch]
-        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
-    return batch
 
 
 def _batch_limit(limit: int | float, loader: Any) -> float:
@@ -101,6 +94,8 @@ class ConstrainedModule(pl.LightningModule, ABC):
             (the penalty baseline, off by default).
         on_nonfinite: ``"raise"`` (stop with an error naming the step; no NaN reaches the weights or a
             checkpoint) or ``"skip"`` (skip the batch, identically on every rank).
+        max_consecutive_skips: with ``on_nonfinite="skip"``, stop with an error naming the step and the
+            non-finite tensor after this many batches in a row were skipped (a persistent NaN).
         max_grad_norm: clip the objective gradient's norm before the step (use this instead of the
             Trainer's ``gradient_clip_val``, which manual optimization does not support).
         jacobian_method: ``"auto"`` | ``"batched"`` | ``"loop"`` for the default Jacobian.
@@ -113,6 +108,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
         lr_scheduler: LRSchedulerCallable | None = None,
         penalty_weight: float = 0.0,
         on_nonfinite: NonFinitePolicy = "raise",
+        max_consecutive_skips: int = 10,
         max_grad_norm: float | None = None,
         jacobian_method: JacobianMethod = "auto",
         num_threads: int | None = None,
@@ -133,7 +129,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
             hparams["optimizer"], hparams["lr_scheduler"] = optimizer_spec, lr_scheduler_spec
         self.jacobian_method = jacobian_method
         self.num_threads = num_threads
-        self.stepper = TrainingStepper(penalty_weight, on_nonfinite, max_grad_norm)
+        self.stepper = TrainingStepper(penalty_weight, on_nonfinite, max_grad_norm, max_consecutive_skips)
         self.last_step: StepResult | None = None
 
     # ----------------------------------------------------------------- what a task implements
@@ -271,6 +267,10 @@ class ConstrainedModule(pl.LightningModule, ABC):
             if isinstance(logger, TensorBoardLogger):
                 logger._default_hp_metric = False
         self._varying = VaryingScalars()
+        restored = getattr(self, "_restored_varying", None)
+        if restored is not None:  # resumed: keep charting the diagnostics that varied before the stop
+            self._varying.load_state_dict(restored)
+            self._restored_varying = None
 
     def on_train_start(self) -> None:
         super().on_train_start()
@@ -288,8 +288,18 @@ class ConstrainedModule(pl.LightningModule, ABC):
         if trainer.global_step == 0 and self.validate_at_start:
             self._validate_at_start()
 
+    cast_batch_to_dtype: bool = False
+    """Cast the floating tensors of every batch to the module's dtype before use (set by tasks whose
+    network may run in float64 while the data are stored in float32)."""
+
+    def prepare_batch(self, batch: Any) -> Any:
+        """The batch as the task's hooks receive it (cast to the module's dtype if
+        :attr:`cast_batch_to_dtype`). Done here rather than in ``on_after_batch_transfer``, which
+        Lightning ignores with a warning on every fit when a DataModule is used."""
+        return cast_floats(batch, self.dtype) if self.cast_batch_to_dtype else batch
+
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
-        result = self.stepper.step(self, batch)
+        result = self.stepper.step(self, self.prepare_batch(batch))
         self.last_step = result
         self._log_step(result)
         return {"objective": result.objective, "constraints": result.constraints}
@@ -344,7 +354,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
         and the task's metrics on one evaluation batch."""
         # residuals need input derivatives: leave Lightning's inference mode for this step
         with torch.inference_mode(False), torch.enable_grad():
-            batch = _clone_tensors(batch)
+            batch = self.prepare_batch(clone_tensors(batch))
             name = type(self).__name__
             f = check_objective(self.objective(batch), f"{name}.objective()")
             # the imposed constraints are one fixed set only when shared (the same on every rank and in
@@ -482,7 +492,13 @@ class ConstrainedModule(pl.LightningModule, ABC):
             weights_only=weights_only, **kwargs,
         )
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._restored_varying = checkpoint.get(VARYING_SCALARS_KEY)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        varying = getattr(self, "_varying", None)
+        if varying is not None:
+            checkpoint[VARYING_SCALARS_KEY] = varying.state_dict()
         for name, tensor in checkpoint.get("state_dict", {}).items():
             if isinstance(tensor, Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise FloatingPointError(f"Refusing to write a checkpoint: parameter {name!r} holds NaN/inf.")

@@ -94,11 +94,6 @@ class ShardTask(ConstrainedModule):
         self.register_buffer("anchor_y", target(anchor_x))
         self.jacobian_rows: list[tuple[int, int, int]] = []  # (m, start, stop)
 
-    def configure_callbacks(self) -> list[Callback]:
-        # no end-of-fit summary: FitSummary.on_fit_end reads trainer.log_dir (a broadcast) on rank 0
-        # only, which pairs with the other rank's next collective and deadlocks the next Trainer
-        return []
-
     def constraint_jacobian(self, batch: Any, constraints: Tensor, params: Any, rows: slice | None = None) -> Tensor:
         start, stop, _ = (rows or slice(None)).indices(constraints.numel())
         self.jacobian_rows.append((constraints.numel(), start, stop))

@@ -86,11 +86,6 @@ def test_fit_raises_no_package_caused_warning(tmp_path, monkeypatch):
     assert list(tmp_path.rglob("config.yaml")), "the resolved config goes into the run's log directory"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tasks/spring.py overrides on_after_batch_transfer while a DataModule is used (Lightning warns); "
-    "owned by the tasks' maintainer",
-)
 def test_spring_fit_raises_no_package_caused_warning(tmp_path, monkeypatch):
     _fit_with_package_warnings_as_errors("configs/spring/recommended/sqp_adam.yaml", tmp_path, monkeypatch)
 

@@ -191,9 +191,6 @@ def test_spring_minibatch_sigkill_mid_epoch_resumes_exactly(spring_minibatch: tu
     assert_same_trajectory(*spring_minibatch)
 
 
-@pytest.mark.xfail(strict=True, reason="ConstrainedModule's VaryingScalars (which optim/* diagnostics are charted) "
-                   "is not saved in checkpoints: after a resume a diagnostic is charted again only once it "
-                   "varies from its first post-resume value")
 def test_spring_minibatch_resume_logs_the_same_metric_names(spring_minibatch: tuple[Path, Path]) -> None:
     assert_same_metric_names(*spring_minibatch)
 

@@ -215,6 +215,9 @@ class FitSummary(Callback):
         return out
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # trainer.log_dir broadcasts from rank 0 under DDP: every rank must read it, or the broadcast
+        # pairs with another rank's next collective and the next fit hangs
+        log_dir = trainer.log_dir if trainer.logger is not None else None
         if not trainer.is_global_zero or self._start_time is None:
             return
         seconds = time.perf_counter() - self._start_time
@@ -240,8 +243,8 @@ class FitSummary(Callback):
         ckpt = trainer.checkpoint_callback
         path = (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")) if ckpt else ""
         lines.append(f"  checkpoint   {path or 'none written (no checkpoint callback ran)'}")
-        if trainer.logger is not None and trainer.log_dir:
-            lines.append(f"  logs         {trainer.log_dir}")
+        if log_dir:
+            lines.append(f"  logs         {log_dir}")
         print("\n".join(lines), flush=True)
 
     def _validation_lines(self, trainer: pl.Trainer, pl_module: Any, steps: int) -> list[str]:

@@ -50,7 +50,7 @@ from lit_constrained.tasks.burgers_data import (
     method_of_lines,
 )
 from lit_constrained.callbacks.monitoring import small_figure
-from lit_constrained.tasks.common import DTypeName, cast_floats, mlp, torch_dtype
+from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
 
 __all__ = [
     "Burgers",
@@ -154,6 +154,8 @@ class Burgers(ConstrainedModule):
         **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
 
+    cast_batch_to_dtype = True  # the network may run in float64; the data are stored in float32
+
     def __init__(
         self,
         hidden: int = 64,
@@ -229,8 +231,6 @@ class Burgers(ConstrainedModule):
 
     # -- Lightning hooks ----------------------------------------------------------------------
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return cast_floats(super().on_after_batch_transfer(batch, dataloader_idx), self.dtype)
 
     def _log_rel_l2(self, stage: str, batch: dict[str, Tensor]) -> None:
         metric = self.val_rel_l2 if stage == "val" else self.test_rel_l2

@@ -54,7 +54,7 @@ from lit_constrained.tasks.chemistry_data import (
     reaction_matrix,
 )
 from lit_constrained.callbacks.monitoring import small_figure
-from lit_constrained.tasks.common import DTypeName, cast_floats, mlp, torch_dtype
+from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
 
 __all__ = [
     "Chemistry",
@@ -125,6 +125,8 @@ class Chemistry(ConstrainedModule):
         dtype: ``"float32"`` or ``"float64"`` for the network (batches are cast to it).
         **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
+
+    cast_batch_to_dtype = True  # the network may run in float64; the data are stored in float32
 
     def __init__(
         self,
@@ -226,8 +228,6 @@ class Chemistry(ConstrainedModule):
 
     # -- Lightning hooks ----------------------------------------------------------------------
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return cast_floats(super().on_after_batch_transfer(batch, dataloader_idx), self.dtype)
 
     @torch.no_grad()
     def prediction_figure(self, arrays: dict[str, Any] | None = None, n_curves: int = 2, split: str = "val") -> Any:

@@ -313,26 +313,3 @@ def row_loader(
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
     )
-
-
-def cast_floats(batch: Any, dtype: torch.dtype) -> Any:
-    """Cast every floating tensor of a (nested dict/list) batch to ``dtype``."""
-    if isinstance(batch, Tensor):
-        return batch.to(dtype) if batch.is_floating_point() else batch
-    if isinstance(batch, Mapping):
-        return {k: cast_floats(v, dtype) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(cast_floats(v, dtype) for v in batch)
-    return batch
-
-
-def autograd_batch(batch: Any) -> Any:
-    """Copies of the batch's tensors that autograd accepts (validation runs in inference mode,
-    whose tensors cannot be saved for backward). Call inside ``torch.inference_mode(False)``."""
-    if isinstance(batch, Tensor):
-        return batch.clone() if batch.is_inference() else batch
-    if isinstance(batch, Mapping):
-        return {k: autograd_batch(v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(autograd_batch(v) for v in batch)
-    return batch

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from ..data import EpochShuffleSampler
+from ..data import EpochShuffleSampler, ResumableLoader
 from ..module import ConstrainedModule
 
 
@@ -39,8 +39,9 @@ class CurveData(pl.LightningDataModule):
         self.val_set = TensorDataset(x_val, target(x_val) + noise * torch.randn(101, 1, generator=gen))
 
     def train_dataloader(self) -> DataLoader:
+        # seeded shuffle + saved position in the epoch: a resumed run takes the uninterrupted run's steps
         sampler = EpochShuffleSampler(len(self.train_set), seed=self.hparams.seed)
-        return DataLoader(self.train_set, batch_size=self.hparams.batch_size, sampler=sampler)
+        return ResumableLoader(self.train_set, batch_size=self.hparams.batch_size, sampler=sampler)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=len(self.val_set))

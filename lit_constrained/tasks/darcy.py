@@ -45,7 +45,8 @@ from torch.func import functional_call, jacrev, vmap
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.optim.flat import real_view
 from lit_constrained.callbacks.monitoring import small_figure
-from lit_constrained.tasks.common import DTypeName, cast_floats, torch_dtype
+from lit_constrained.batch import cast_floats
+from lit_constrained.tasks.common import DTypeName, torch_dtype
 from lit_constrained.tasks.darcy_data import DarcyData, boundary_mask, darcy_residual
 from lit_constrained.tasks.spectral import VmapSpectralConv, pointwise_convs_
 

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.callbacks.monitoring import small_figure
-from lit_constrained.tasks.common import DTypeName, cast_floats, mlp, torch_dtype
+from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
 from lit_constrained.tasks.spring_data import SpringData, spring_constants, spring_exact, spring_points
 
 __all__ = ["Spring", "SpringData", "spring_residual", "spring_exact", "spring_points"]
@@ -65,6 +65,8 @@ class Spring(ConstrainedModule):
         dtype: ``"float32"`` or ``"float64"`` for the network (batches are cast to it).
         **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
+
+    cast_batch_to_dtype = True  # the network may run in float64; the data are stored in float32
 
     def __init__(
         self,
@@ -110,8 +112,6 @@ class Spring(ConstrainedModule):
 
     # -- Lightning hooks ----------------------------------------------------------------------
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return cast_floats(super().on_after_batch_transfer(batch, dataloader_idx), self.dtype)
 
     def evaluation_metrics(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
         """``mse``: mean squared error against the exact solution at the test points."""

@@ -25,7 +25,7 @@ from lit_constrained.tasks.burgers import (
     method_of_lines,
 )
 from lit_constrained.tasks.burgers_data import grid, initial_condition
-from lit_constrained.tasks.common import cast_floats
+from lit_constrained.batch import cast_floats
 
 SMALL = dict(n_train=2, n_val=1, n_test=1, data_rows_per_ic=200, n_constraints=10, seed=3)
 

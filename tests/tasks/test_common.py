@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from lit_constrained.batch import cast_floats
 from lit_constrained.tasks.common import (
     RowCollate,
     cache_key,
     cached_arrays,
-    cast_floats,
     mlp,
     row_loader,
     torch_dtype,

@@ -138,9 +138,9 @@ def test_constraint_jacobian_matches_central_differences() -> None:
 def test_float64_option_and_batch_cast() -> None:
     task = Spring(dtype="float64")
     assert all(p.dtype == torch.float64 for p in task.parameters())
-    task32 = Spring()
-    batch = task32.on_after_batch_transfer(_batch(SpringData()), 0)
-    assert batch["t_res"].dtype == torch.float32
+    data = _batch(SpringData())  # the batch in the data's own dtype; the hooks get the network's
+    assert task.prepare_batch(data)["t_res"].dtype == torch.float64
+    assert Spring().prepare_batch(data)["t_res"].dtype == torch.float32
     with pytest.raises(ValueError, match="dtype"):
         Spring(dtype="float16")  # type: ignore[arg-type]
 
