@@ -535,7 +535,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
 
     def _add_to_params(self, params: list[Tensor], sizes: list[int], delta: Tensor) -> None:
         """x <- x + delta, block by block (one foreach add when the dtypes agree)."""
-        targets = [real_view(p.detach()) if p.is_complex() else p.detach() for p in params]
+        targets = [real_view(p) if p.is_complex() else p for p in params]  # (step() runs under no_grad)
         steps = self._views("delta", delta, params)
         if all(t.dtype == delta.dtype for t in targets):
             torch._foreach_add_(targets, steps)
