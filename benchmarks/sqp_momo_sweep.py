@@ -87,7 +87,10 @@ def first_batch(module: Any, data: Any) -> Any:
     data.prepare_data()
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
-    return module.on_after_batch_transfer(batch, 0) if hasattr(module, "on_after_batch_transfer") else batch
+    dtype = next(module.parameters()).dtype
+    return torch.utils._pytree.tree_map(
+        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, batch
+    )
 
 
 def run(task: str, method: str, lr: float, seed: int, steps: int) -> dict[str, Any]:
