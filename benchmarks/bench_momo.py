@@ -14,16 +14,15 @@ Prints the CPU model, then per size the median time per step of each optimizer a
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
-from pathlib import Path
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from lit_constrained.optim.momo import MoMo, MoMoAdam
+from machine import cpu_model  # benchmarks/machine.py (scripts run from benchmarks/)
 
 SIZES: dict[str, list[int]] = {
     "1e5": [32, 256, 256, 64, 1],  # 90,753 parameters
@@ -59,14 +58,6 @@ def make_runner(name: str, widths: list[int], device: torch.device) -> Callable[
     return run
 
 
-def cpu_model() -> str:
-    """The CPU model name (``lscpu``'s "Model name"), from /proc/cpuinfo where there is one."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def sync(device: torch.device) -> None:

@@ -15,9 +15,7 @@ median over repetitions of the per-repetition ratio SQP-Adam / Adam(unc).
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import subprocess
 import time
 from functools import partial
 from typing import Any
@@ -29,6 +27,7 @@ from lightning.pytorch.callbacks import Callback
 from lit_constrained.optim import SQPAdam
 from lit_constrained.tasks.chemistry import Chemistry, ChemistryData
 from lit_constrained.tasks.spring import Spring, SpringData
+from machine import cpu_model  # benchmarks/machine.py (scripts run from benchmarks/)
 
 
 class StepTimer(Callback):
@@ -45,15 +44,6 @@ class StepTimer(Callback):
         self.times.append(time.perf_counter() - self._start)
 
 
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def build(task: str, method: str, derivative: str, threads: int) -> tuple[L.LightningModule, L.LightningDataModule]:

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 
@@ -30,6 +28,7 @@ import torch
 from torch import nn
 
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall
+from machine import cpu_model  # benchmarks/machine.py (scripts run from benchmarks/)
 
 SIZES: dict[str, list[int]] = {
     "1e5": [32, 256, 256, 64, 1],  # 90,753 parameters
@@ -39,15 +38,6 @@ NAMES = ["Adam(foreach)", "SQPAdam", "SQPHeavyBall", "AdamCon"]
 TRAINED_GRAM_CONDITION = 3.3e4
 
 
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def mlp_parameters(widths: list[int]) -> list[nn.Parameter]:

@@ -40,12 +40,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
-import platform
 import socket
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -60,6 +57,7 @@ import torch.multiprocessing as mp
 from lit_constrained.distributed import exchanged_numbers, gather_step, row_counts, row_slice
 from lit_constrained.optim import SQPAdam
 from lit_constrained.optim.flat import group_params
+from machine import cpu_model  # benchmarks/machine.py (scripts run from benchmarks/)
 
 WORLD = 2
 
@@ -254,12 +252,7 @@ def main() -> None:
     mp.start_processes(worker, args=(port, args.tasks, args.reps, str(out)), nprocs=WORLD, join=True,
                        start_method="fork")
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
-    cpu = platform.processor() or "?"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in subprocess.run(
-            ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name"))
-    except (StopIteration, OSError):
-        pass
+    cpu = cpu_model()
     print(f"CPU: {cpu}; torch {torch.__version__}; 1 thread per process; {args.reps} interleaved repetitions, "
           "medians; compute parts in thread CPU time, collectives in wall time\n")
     report: dict[str, Any] = {"cpu": cpu, "reps": args.reps, "tasks": {}}

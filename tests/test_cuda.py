@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import math
-import multiprocessing
 import os
 import socket
 import sys
@@ -168,4 +167,3 @@ def test_two_gpus_ddp_equal_one_cpu_process(tmp_path: Path) -> None:
     for step, (a, b, r) in enumerate(zip(ranks[0]["steps"], ranks[1]["steps"], ref["steps"])):
         assert torch.equal(a["params"], b["params"]), step
         torch.testing.assert_close(a["params"].cpu(), r["params"], rtol=0, atol=1e-10, msg=f"step {step}")
-    del multiprocessing

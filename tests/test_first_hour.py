@@ -4,7 +4,6 @@ directory, must load without PYTHONPATH and leave their files as they wrote them
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 

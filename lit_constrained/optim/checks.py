@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -50,3 +52,39 @@ def check_finite(name: str, t: Tensor) -> None:
             f"{name} contains {bad} non-finite value(s) (NaN or inf); the step was not taken. "
             "Check the loss/constraints at this point (a diverging run or a bad batch)."
         )
+
+
+def check_shared_keys(owner: str, param_groups: Sequence[Mapping[str, Any]], keys: Sequence[str], why: str) -> None:
+    """Raise unless every group has group 0's value for each of ``keys`` (hyperparameters that one
+    quantity shared by all groups depends on; ``why`` names that quantity)."""
+    first = param_groups[0]
+    for i, group in enumerate(param_groups):
+        for key in keys:
+            if group[key] != first[key]:
+                raise ValueError(
+                    f"{owner}: param group {i} has {key}={group[key]!r} but group 0 has {first[key]!r}. "
+                    f"It defines {why} shared by all groups: set it once, in the optimizer's arguments, "
+                    "not per group."
+                )
+
+
+def check_constraint_inputs(owner: str, constraints: Tensor | None, jacobian: Tensor | None, n: int) -> int:
+    """Validate the ``constraints=`` (c, shape (m,)) and ``jacobian=`` (J, shape (m, n)) step arguments
+    of a hard-constrained optimizer; returns m (0 when both are absent)."""
+    if constraints is None:
+        if jacobian is not None and jacobian.numel():
+            raise ValueError("A jacobian was given without constraints; pass both (or neither for m = 0).")
+        return 0
+    if not isinstance(constraints, Tensor) or constraints.dim() != 1:
+        shape = tuple(constraints.shape) if isinstance(constraints, Tensor) else type(constraints).__name__
+        raise ValueError(f"constraints must be a 1-D tensor of m residuals, got shape {shape}.")
+    m = constraints.numel()
+    if jacobian is None:
+        raise ValueError(f"{owner} requires jacobian= (shape ({m}, {n})) with the constraints.")
+    if jacobian.dim() != 2 or tuple(jacobian.shape) != (m, n):
+        raise ValueError(
+            f"jacobian has shape {tuple(jacobian.shape)}, expected (m, n) = ({m}, {n}): one row per "
+            "constraint, one column per real parameter entry in param_groups order "
+            "(complex parameters as view_as_real)."
+        )
+    return m

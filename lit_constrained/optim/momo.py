@@ -101,7 +101,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from .checks import check_beta, check_betas, check_lr, check_positive
+from .checks import check_beta, check_betas, check_lr, check_positive, check_shared_keys
 from .flat import real_view
 
 ParamsT = Union[Iterable[Tensor], Iterable[dict[str, Any]]]
@@ -297,16 +297,9 @@ class _MoMoBase(Optimizer, ABC):
         return groups
 
     def _check_groups(self) -> None:
-        first = self.param_groups[0]
-        for i, group in enumerate(self.param_groups):
+        for group in self.param_groups:
             check_lr(group["lr"])
-            for key in self.shared_keys:
-                if group[key] != first[key]:
-                    raise ValueError(
-                        f"{type(self).__name__}: param group {i} has {key}={group[key]!r} but group 0 has "
-                        f"{first[key]!r}. It defines the one model of the loss shared by all groups: set it "
-                        "once, in the optimizer's arguments, not per group."
-                    )
+        check_shared_keys(type(self).__name__, self.param_groups, self.shared_keys, "the one model of the loss")
 
     def step(self, closure: Callable[[], Any] | None = None, *, diagnostics: bool = False) -> Any:
         """One MoMo step. ``closure`` returns the loss value (it is called once, under grad mode).

@@ -142,7 +142,9 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from .checks import check_beta, check_betas, check_finite, check_lr, check_positive
+from .checks import (
+    check_beta, check_betas, check_constraint_inputs, check_finite, check_lr, check_positive, check_shared_keys,
+)
 from .flat import block_sizes, group_params, real_view
 from .nullspace import DEFAULT_RCOND, NullSpace
 
@@ -229,16 +231,12 @@ class _SQPMoMoBase(Optimizer, ABC):
         _check_flag("estimate_lower_bound", group["estimate_lower_bound"])
 
     def _check_groups(self) -> None:
-        first = self.param_groups[0]
-        for i, group in enumerate(self.param_groups):
+        for group in self.param_groups:
             self._check_group(group)
-            for key in self.shared_keys:
-                if group[key] != first[key]:
-                    raise ValueError(
-                        f"{type(self).__name__}: param group {i} has {key}={group[key]!r} but group 0 has "
-                        f"{first[key]!r}. It belongs to the one model of the loss / the one projection shared "
-                        "by all groups: set it once, in the optimizer's arguments, not per group."
-                    )
+        check_shared_keys(
+            type(self).__name__, self.param_groups, self.shared_keys,
+            "the one model of the loss / the one projection",
+        )
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -294,22 +292,9 @@ class _SQPMoMoBase(Optimizer, ABC):
     def _checked_inputs(
         self, constraints: Tensor | None, jacobian: Tensor | None, n: int, dtype: torch.dtype, device: torch.device
     ) -> tuple[Tensor, Tensor]:
-        if constraints is None:
-            if jacobian is not None and jacobian.numel():
-                raise ValueError("A jacobian was given without constraints; pass both (or neither for m = 0).")
+        check_constraint_inputs(type(self).__name__, constraints, jacobian, n)
+        if constraints is None or jacobian is None:
             return torch.zeros(0, dtype=torch.float64, device=device), torch.zeros(0, n, dtype=dtype, device=device)
-        if not isinstance(constraints, Tensor) or constraints.dim() != 1:
-            shape = tuple(constraints.shape) if isinstance(constraints, Tensor) else type(constraints).__name__
-            raise ValueError(f"constraints must be a 1-D tensor of m residuals, got shape {shape}.")
-        m = constraints.numel()
-        if jacobian is None:
-            raise ValueError(f"{type(self).__name__} requires jacobian= (shape ({m}, {n})) with the constraints.")
-        if jacobian.dim() != 2 or tuple(jacobian.shape) != (m, n):
-            raise ValueError(
-                f"jacobian has shape {tuple(jacobian.shape)}, expected (m, n) = ({m}, {n}): one row per "
-                "constraint, one column per real parameter entry in param_groups order "
-                "(complex parameters as view_as_real)."
-            )
         return constraints.detach().to(device=device, dtype=torch.float64), jacobian.detach().to(device=device, dtype=dtype)
 
     @torch.no_grad()

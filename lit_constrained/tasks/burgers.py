@@ -231,7 +231,6 @@ class Burgers(ConstrainedModule):
 
     # -- Lightning hooks ----------------------------------------------------------------------
 
-
     def _log_rel_l2(self, stage: str, batch: dict[str, Tensor]) -> None:
         metric = self.val_rel_l2 if stage == "val" else self.test_rel_l2
         with torch.no_grad():
@@ -240,12 +239,12 @@ class Burgers(ConstrainedModule):
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Any:
         out = super().validation_step(batch, batch_idx)
-        self._log_rel_l2("val", batch)
+        self._log_rel_l2("val", self.prepare_batch(batch))
         return out
 
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> Any:
         out = super().test_step(batch, batch_idx)
-        self._log_rel_l2("test", batch)
+        self._log_rel_l2("test", self.prepare_batch(batch))
         return out
 
     @torch.no_grad()

@@ -228,7 +228,6 @@ class Chemistry(ConstrainedModule):
 
     # -- Lightning hooks ----------------------------------------------------------------------
 
-
     @torch.no_grad()
     def prediction_figure(self, arrays: dict[str, Any] | None = None, n_curves: int = 2, split: str = "val") -> Any:
         """Exact (lines) and predicted (dashed) trajectories of ``n_curves`` held-out initial conditions

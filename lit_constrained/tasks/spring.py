@@ -112,7 +112,6 @@ class Spring(ConstrainedModule):
 
     # -- Lightning hooks ----------------------------------------------------------------------
 
-
     def evaluation_metrics(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
         """``mse``: mean squared error against the exact solution at the test points."""
         with torch.no_grad():
