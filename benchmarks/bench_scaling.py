@@ -86,7 +86,7 @@ def build(task: str) -> tuple[Any, dict[str, Any]]:
     data.prepare_data()
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
-    batch = module.on_after_batch_transfer(batch, 0)
+    batch = module.prepare_batch(batch)
     return module, batch
 
 

@@ -306,6 +306,9 @@ class LipschitzEstimator(Callback):
                 f"LipschitzEstimator: {type(pl_module).__name__} has no objective(batch) method (the "
                 "ConstrainedModule API); pass loss_fn=lambda module, batch: <scalar loss> to the callback."
             )
+        prepare = getattr(pl_module, "prepare_batch", None)  # e.g. the dtype cast the training step applies
+        if callable(prepare):
+            return lambda module, batch: module.objective(module.prepare_batch(batch))
         return lambda module, batch: module.objective(batch)
 
     @staticmethod

@@ -87,7 +87,8 @@ class FitSummary(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._last_batch = batch
+        prepare = getattr(pl_module, "prepare_batch", None)  # the batch as the task's hooks receive it
+        self._last_batch = prepare(batch) if callable(prepare) else batch
         if self._m is None and isinstance(outputs, dict):
             c = outputs.get("constraints")
             self._m = c.numel() if isinstance(c, Tensor) else 0
