@@ -34,7 +34,7 @@ COMPARE_HELP = "Re-run the papers' comparisons (task x method x lr x seed): lit-
 class ConstrainedCLI(LightningCLI):
     """LightningCLI with the package's defaults (TensorBoard under lightning_logs/)."""
 
-    # --- parsing, help, progress, trusted checkpoints (H14) ---
+    # --- parsing, help, progress, trusted checkpoints ---
     def _add_subcommands(self, parser: Any, **kwargs: Any) -> None:
         """Lightning's subcommands, plus ``compare`` (run by :func:`main` before any parsing) in --help."""
         super()._add_subcommands(parser, **kwargs)
@@ -56,7 +56,7 @@ class ConstrainedCLI(LightningCLI):
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> pl.Trainer:
         """A line-per-interval progress report instead of the bar when stdout is not a terminal."""
-        config = self._with_default_logger(config)  # H20: runs named by task and optimizer
+        config = self._with_default_logger(config)  # runs named by task and optimizer
         if not sys.stdout.isatty() and config.get("enable_progress_bar", True) is not False:
             configured = config.get("callbacks") or []
             configured = configured if isinstance(configured, list) else [configured]
@@ -65,7 +65,7 @@ class ConstrainedCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
     # --- end parsing, help, progress, trusted checkpoints ---
 
-    # --- default logger: runs named by task and optimizer (H20) ---
+    # --- default logger: runs named by task and optimizer ---
     def _with_default_logger(self, config: dict[str, Any]) -> dict[str, Any]:
         """``trainer.logger`` unset: TensorBoard under ``lightning_logs/<task>/<Optimizer>/version_<nnn>``
         (:func:`~lit_constrained.callbacks.monitoring.default_logger`); a configured logger, or
