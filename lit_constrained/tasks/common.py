@@ -1,4 +1,4 @@
-"""Small helpers shared by the physics tasks: the MLP builder, dtype names, data caching, figures.
+"""Small helpers shared by the physics tasks: the MLP builder, dtype names, data caching, row loaders.
 
 Nothing here knows about a particular problem.
 """
@@ -207,36 +207,6 @@ class CachedArraysData(L.LightningDataModule, ABC):
             return
         self.arrays = self._load()
         self.tensors = {key: torch.from_numpy(np.ascontiguousarray(v)) for key, v in self.arrays.items()}
-
-
-def input_grad(out: Tensor, inp: Tensor) -> Tensor:
-    """d out / d inp for a batch where row i of ``out`` depends only on row i of ``inp``.
-
-    ``out`` is (N,) or (N, 1); returns (N, d_in), differentiable (``create_graph=True``).
-    """
-    (grad,) = torch.autograd.grad(
-        out, inp, grad_outputs=torch.ones_like(out), create_graph=True, allow_unused=False
-    )
-    return grad
-
-
-def log_figure(module: Any, tag: str, figure: Any) -> bool:
-    """Add a matplotlib figure to the module's TensorBoard logger, if it has one; close it.
-
-    Returns whether it was logged.
-    """
-    import matplotlib.pyplot as plt
-    from lightning.pytorch.loggers import TensorBoardLogger
-
-    logged = False
-    trainer = getattr(module, "_trainer", None)
-    loggers = trainer.loggers if trainer is not None else []
-    for logger in loggers:
-        if isinstance(logger, TensorBoardLogger):
-            logger.experiment.add_figure(tag, figure, global_step=trainer.global_step)
-            logged = True
-    plt.close(figure)
-    return logged
 
 
 # ---------------------------------------------------------------------------------------------
