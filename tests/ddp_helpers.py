@@ -181,8 +181,8 @@ class MemoryLogger(Logger):
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, Tensor):
-        return value.detach().clone()
+    if isinstance(value, Tensor):  # scalars as Python numbers (pytest.approx iterates 0-dim tensors)
+        return value.item() if value.dim() == 0 else value.detach().clone()
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return copy.deepcopy(value)
