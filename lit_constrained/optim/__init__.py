@@ -7,3 +7,8 @@ from .sqp import SQPAdam, SQPHeavyBall
 from .constant_step_adam import ConstantStepAdam
 from .momo import MoMo, MoMoAdam
 from .sqp_momo import SQPMoMo, SQPMoMoAdam
+
+__all__ = [
+    "AdamCon", "ConstantStepAdam", "MoMo", "MoMoAdam", "NullSpace", "SQPAdam", "SQPHeavyBall", "SQPMoMo",
+    "SQPMoMoAdam", "constraint_jacobian",
+]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -88,3 +88,19 @@ def check_constraint_inputs(owner: str, constraints: Tensor | None, jacobian: Te
             "(complex parameters as view_as_real)."
         )
     return m
+
+
+def loss_from_closure(owner: str, closure: Callable[[], Any] | None, call: str) -> tuple[Any, Tensor]:
+    """Call the closure of a loss-based step (MoMo family) under grad mode; returns (its value, the loss
+    as a tensor of one element). ``call`` shows how to call the step, for the error without a closure."""
+    if closure is None:
+        raise ValueError(
+            f"{owner} needs the loss value: call {call} with a closure that returns the (already "
+            "back-propagated) loss, e.g. loss.backward(); opt.step(lambda: loss, ...)."
+        )
+    with torch.enable_grad():
+        value = closure()
+    loss = value if isinstance(value, Tensor) else torch.as_tensor(value, dtype=torch.float64)
+    if loss.numel() != 1:
+        raise ValueError(f"The closure must return a scalar loss; got a tensor of shape {tuple(loss.shape)}.")
+    return value, loss

@@ -101,7 +101,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from .checks import check_beta, check_betas, check_lr, check_positive, check_shared_keys
+from .checks import check_beta, check_betas, check_lr, check_positive, check_shared_keys, loss_from_closure
 from .flat import real_view
 
 ParamsT = Union[Iterable[Tensor], Iterable[dict[str, Any]]]
@@ -308,17 +308,8 @@ class _MoMoBase(Optimizer, ABC):
         is emptied. Returns the closure's value.
         """
         self.diagnostics = {}
-        if closure is None:
-            raise ValueError(
-                f"{type(self).__name__} needs the loss value: call step(closure) with a closure that returns "
-                "the (already back-propagated) loss, e.g. loss.backward(); opt.step(lambda: loss)."
-            )
-        with torch.enable_grad():
-            value = closure()
+        value, loss = loss_from_closure(type(self).__name__, closure, "step(closure)")
         self._check_groups()
-        loss = value if isinstance(value, Tensor) else torch.as_tensor(value, dtype=torch.float64)
-        if loss.numel() != 1:
-            raise ValueError(f"The closure must return a scalar loss; got a tensor of shape {tuple(loss.shape)}.")
         with torch.no_grad():
             self._step(loss.detach().reshape(()), diagnostics)
         return value

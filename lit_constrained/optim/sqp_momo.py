@@ -144,6 +144,7 @@ from torch.optim import Optimizer
 
 from .checks import (
     check_beta, check_betas, check_constraint_inputs, check_finite, check_lr, check_positive, check_shared_keys,
+    loss_from_closure,
 )
 from .flat import block_sizes, group_params, real_view
 from .nullspace import DEFAULT_RCOND, NullSpace
@@ -310,17 +311,8 @@ class _SQPMoMoBase(Optimizer, ABC):
         ``p.grad``; ``constraints`` is c (shape (m,), ``None`` for m = 0) and ``jacobian`` J (shape (m, n),
         flat layout). Returns the closure's value."""
         self.diagnostics = {}
-        if closure is None:
-            raise ValueError(
-                f"{type(self).__name__} needs the loss value: call step(closure, constraints=c, jacobian=J) "
-                "with a closure that returns the (already back-propagated) loss, e.g. opt.step(lambda: loss, ...)."
-            )
-        with torch.enable_grad():
-            value = closure()
+        value, loss = loss_from_closure(type(self).__name__, closure, "step(closure, constraints=c, jacobian=J)")
         self._check_groups()
-        loss = value if isinstance(value, Tensor) else torch.as_tensor(value, dtype=torch.float64)
-        if loss.numel() != 1:
-            raise ValueError(f"The closure must return a scalar loss; got a tensor of shape {tuple(loss.shape)}.")
         params = group_params(self.param_groups)
         if not params:
             return value
