@@ -326,10 +326,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
         once it has varied (constants go to the run's text summary at the end of fit); diagnostics that
         repeat another chart (``REDUNDANT_DIAGNOSTICS``) are left out. One host sync for all."""
         optimizer = self.optimizers().optimizer
-        diagnostics = getattr(optimizer, "diagnostics", None)
-        if diagnostics is None:
-            state = optimizer.state if isinstance(optimizer.state, dict) else {}
-            diagnostics = state.get("diagnostics", {})
+        diagnostics = getattr(optimizer, "diagnostics", None) or {}  # torch optimizers have none
         names: list[str] = []
         values: list[Tensor] = []
         for key, value in diagnostics.items():
