@@ -29,3 +29,11 @@ def cast_floats(batch: Any, dtype: torch.dtype) -> Any:
 def clone_tensors(batch: Any) -> Any:
     """Copies of the batch's tensors made outside inference mode (so autograd can use them)."""
     return map_tensors(batch, Tensor.clone)
+
+
+def as_task_sees_it(module: Any, batch: Any) -> Any:
+    """``batch`` as the module's hooks (objective, constraints) receive it in the training step: a
+    ConstrainedModule's ``prepare_batch`` (e.g. its dtype cast) applied; for callbacks that keep a
+    batch from ``on_train_batch_end`` and call the task's hooks on it later."""
+    prepare = getattr(module, "prepare_batch", None)
+    return prepare(batch) if callable(prepare) else batch

@@ -290,7 +290,8 @@ class ConstrainedModule(pl.LightningModule, ABC):
 
     cast_batch_to_dtype: bool = False
     """Cast the floating tensors of every batch to the module's dtype before use (set by tasks whose
-    network may run in float64 while the data are stored in float32)."""
+    network's dtype is a setting while the data keep their stored dtype). Callbacks that keep a batch
+    and call the task's hooks later use :func:`lit_constrained.batch.as_task_sees_it`."""
 
     def prepare_batch(self, batch: Any) -> Any:
         """The batch as the task's hooks receive it (cast to the module's dtype if

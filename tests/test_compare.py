@@ -328,3 +328,23 @@ def test_verdict_checks_on_known_records():
     assert "rho = full" not in table  # no rho = full records: no such column
     with_full = results + [_record("sqp_adam", "full", 5e-4, "full", 0, [1.0, 0.001], 1e-4)]
     assert "| measured, rho = full |" in verdict_table("spring", with_full, "b", 24)
+
+
+def test_recorder_evaluates_the_constraints_on_the_batch_the_task_sees(tmp_path: Path) -> None:
+    """Spring's data are float64 and its network float32 (the batch is cast by
+    ConstrainedModule.prepare_batch): the per-epoch imposed violation is computed, not a dtype error."""
+    import functools
+
+    import torch
+    from lightning_helpers import quiet_trainer
+
+    from lit_constrained.compare.recorder import EpochRecorder
+    from lit_constrained.optim import SQPAdam
+    from lit_constrained.tasks.spring import Spring, SpringData
+
+    torch.manual_seed(0)
+    task = Spring(optimizer=functools.partial(SQPAdam, lr=1e-3))
+    recorder = EpochRecorder(str(tmp_path / "history.json"), log_to_tensorboard=False)
+    quiet_trainer(max_epochs=2, limit_val_batches=0, callbacks=[recorder]).fit(task, SpringData())
+    violations = [record["violation_max"] for record in recorder.history]
+    assert len(violations) == 2 and all(math.isfinite(v) and v > 0 for v in violations)

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from lit_constrained.optim.constant_step_adam import ConstantStepAdam
+from lit_constrained.batch import as_task_sees_it
 from lit_constrained.optim.flat import gather
 
 __all__ = ["LipschitzEstimator", "reset_all_parameters"]
@@ -306,10 +307,7 @@ class LipschitzEstimator(Callback):
                 f"LipschitzEstimator: {type(pl_module).__name__} has no objective(batch) method (the "
                 "ConstrainedModule API); pass loss_fn=lambda module, batch: <scalar loss> to the callback."
             )
-        prepare = getattr(pl_module, "prepare_batch", None)  # e.g. the dtype cast the training step applies
-        if callable(prepare):
-            return lambda module, batch: module.objective(module.prepare_batch(batch))
-        return lambda module, batch: module.objective(batch)
+        return lambda module, batch: module.objective(as_task_sees_it(module, batch))
 
     @staticmethod
     def _total_steps(trainer: Trainer) -> int:

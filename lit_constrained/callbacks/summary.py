@@ -30,6 +30,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
+from lit_constrained.batch import as_task_sees_it
+
 _EVAL_STAGES = ("val", "test")
 
 
@@ -87,8 +89,7 @@ class FitSummary(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        prepare = getattr(pl_module, "prepare_batch", None)  # the batch as the task's hooks receive it
-        self._last_batch = prepare(batch) if callable(prepare) else batch
+        self._last_batch = as_task_sees_it(pl_module, batch)
         if self._m is None and isinstance(outputs, dict):
             c = outputs.get("constraints")
             self._m = c.numel() if isinstance(c, Tensor) else 0

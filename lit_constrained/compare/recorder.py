@@ -29,6 +29,8 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from lit_constrained.batch import as_task_sees_it
+
 
 def _number(value: Any) -> float:
     if isinstance(value, Tensor):
@@ -111,7 +113,7 @@ class EpochRecorder(pl.Callback):
         self._step_seconds.append(time.perf_counter() - self._step_start)
         if isinstance(outputs, dict) and outputs.get("objective") is not None:
             self._objectives.append(_number(outputs["objective"]))
-        self._last_batch = batch
+        self._last_batch = as_task_sees_it(pl_module, batch)
 
     # ------------------------------------------------------------------ the epoch record
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

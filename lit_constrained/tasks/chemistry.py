@@ -126,7 +126,7 @@ class Chemistry(ConstrainedModule):
         **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
 
-    cast_batch_to_dtype = True  # the network may run in float64; the data are stored in float32
+    cast_batch_to_dtype = True  # the data keep their stored dtype; the network runs in float32 or float64
 
     def __init__(
         self,

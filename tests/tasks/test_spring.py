@@ -175,11 +175,11 @@ def test_short_sqp_adam_fit_lowers_objective_and_violation(tmp_path: Path) -> No
     assert "prediction" in events.Tags()["images"]
 
 
-def test_float64_network_on_float32_data_trains_and_summarizes(capsys: pytest.CaptureFixture[str]) -> None:
+def test_network_dtype_other_than_the_data_trains_and_summarizes(capsys: pytest.CaptureFixture[str]) -> None:
     """The batch cast (prepare_batch) reaches every consumer: the step, validation and the end-of-fit
     summary, whose final max |c| is recomputed from the last training batch."""
     torch.manual_seed(0)
-    task = Spring(dtype="float64", optimizer=partial(SQPAdam, lr=1e-3))
+    task = Spring(optimizer=partial(SQPAdam, lr=1e-3))  # a float32 network, the data are float64
     quiet_trainer(max_steps=3, limit_val_batches=1).fit(task, SpringData())
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "max |c|" in x and "->" in x)
