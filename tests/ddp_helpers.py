@@ -24,7 +24,6 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
@@ -32,6 +31,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Tenso
 from lit_constrained.callbacks import ConstraintViolationMonitor, LipschitzEstimator
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.optim import AdamCon, ConstantStepAdam, MoMo, MoMoAdam, SQPAdam, SQPHeavyBall
+from lightning_helpers import MemoryLogger
 
 WORLD = 2
 SEED = 0  # seed_everything(SEED): Lightning's DistributedSampler takes its seed from it
@@ -157,27 +157,6 @@ class RankMajorBatches(BatchSampler):
 def flat_params(module: torch.nn.Module) -> Tensor:
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).clone()
 
-
-class MemoryLogger(Logger):
-    """Keeps every (step, metrics) pair it is given (on every rank: no rank-zero filter)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[tuple[int, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "memory"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.records.append((int(step or 0), {k: float(v) for k, v in metrics.items()}))
 
 
 def _plain(value: Any) -> Any:

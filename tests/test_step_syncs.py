@@ -31,6 +31,7 @@ from sync_counting import SyncCounter  # noqa: E402
 
 from lit_constrained.optim import SQPAdam  # noqa: E402
 from lit_constrained.tasks.curve import CurveData, CurveFit  # noqa: E402
+from lightning_helpers import MemoryLogger
 
 STEPS = 8
 LOG_EVERY = 4  # steps 3 and 7 (0-based) are the logger's
@@ -100,23 +101,6 @@ class BatchSyncs(Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         self._close()
 
-
-class MemoryLogger(pl.loggers.Logger):
-    """A logger that keeps nothing (its presence makes Lightning convert the logged values)."""
-
-    @property
-    def name(self) -> str:
-        return "memory"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        pass
 
 
 def run(optimizer: Any) -> tuple[CountedCurve, BatchSyncs]:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import Logger
+from lightning_helpers import MemoryLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from lit_constrained.callbacks import ConstraintViolationMonitor
@@ -24,30 +25,6 @@ def _np_metrics(c: np.ndarray) -> dict[str, float]:
     a = np.abs(np.asarray(c, dtype=np.float64).reshape(-1))
     return {"max": a.max(), "mean": a.mean(), "l1": a.sum(), "l2": np.sqrt((a**2).sum())}
 
-
-class MemoryLogger(Logger):
-    """Keeps every logged (step, metrics) pair."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[tuple[int, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "memory"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.records.append((int(step or 0), dict(metrics)))
-
-    def series(self, key: str) -> list[float]:
-        return [m[key] for _, m in self.records if key in m]
 
 
 class ToyTask(LightningModule):
