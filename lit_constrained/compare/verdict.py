@@ -134,8 +134,9 @@ Check = Callable[[Finals], Outcome]
 ALL = list(METHODS)
 
 
-def lowest(method: str, key: str, methods: list[str] = ALL) -> Check:
-    """``method`` has the lowest ``key`` of ``methods`` in each setting."""
+def _extreme(method: str, key: str, methods: list[str], lowest_wins: bool) -> Check:
+    """``method`` has the lowest (or highest) ``key`` of ``methods`` in each setting."""
+    pick = min if lowest_wins else max
 
     def check(finals: Finals) -> Outcome:
         flags, details, missing = [], [], []
@@ -144,32 +145,23 @@ def lowest(method: str, key: str, methods: list[str] = ALL) -> Check:
                 missing.append(_setting_text(setting))
                 continue
             others = {m: finals.value(setting, m, key) for m in methods if m != method}
-            rival = min(others, key=others.get)
+            rival = pick(others, key=others.get)
             mine = finals.value(setting, method, key)
-            flags.append(mine < others[rival])
+            flags.append(mine < others[rival] if lowest_wins else mine > others[rival])
             details.append(f"{_setting_text(setting)}: {_g(mine)} vs {_g(others[rival])} ({_short(rival)})")
         return _tally(flags, details, missing)
 
     return check
+
+
+def lowest(method: str, key: str, methods: list[str] = ALL) -> Check:
+    """``method`` has the lowest ``key`` of ``methods`` in each setting."""
+    return _extreme(method, key, methods, lowest_wins=True)
 
 
 def highest(method: str, key: str, methods: list[str] = ALL) -> Check:
     """``method`` has the highest ``key`` of ``methods`` in each setting."""
-
-    def check(finals: Finals) -> Outcome:
-        flags, details, missing = [], [], []
-        for setting in finals.settings:
-            if not finals.complete(setting, methods, key):
-                missing.append(_setting_text(setting))
-                continue
-            others = {m: finals.value(setting, m, key) for m in methods if m != method}
-            rival = max(others, key=others.get)
-            mine = finals.value(setting, method, key)
-            flags.append(mine > others[rival])
-            details.append(f"{_setting_text(setting)}: {_g(mine)} vs {_g(others[rival])} ({_short(rival)})")
-        return _tally(flags, details, missing)
-
-    return check
+    return _extreme(method, key, methods, lowest_wins=False)
 
 
 def comparable(a: str, b: str, key: str, factor: float) -> Check:
