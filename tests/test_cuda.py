@@ -16,7 +16,6 @@ import functools
 import math
 import os
 import socket
-import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -24,7 +23,6 @@ from typing import Any, Callable
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 from lit_constrained.optim import AdamCon, ConstantStepAdam, MoMo, MoMoAdam, SQPAdam, SQPHeavyBall  # noqa: E402
 from lit_constrained.optim.jacobian import constraint_jacobian  # noqa: E402
@@ -137,7 +135,7 @@ def test_each_task_fits_a_few_steps_on_the_gpu(task_name: str, tmp_path: Path) -
 
 
 def _gpu_worker(rank: int, port: int, out_dir: str) -> None:
-    import ddp_helpers as helpers
+    from tests.helpers import ddp as helpers
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0",
                       LOCAL_RANK=str(rank))
@@ -153,7 +151,7 @@ def _gpu_worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_gpus_ddp_equal_one_cpu_process(tmp_path: Path) -> None:
-    import ddp_helpers as helpers
+    from tests.helpers import ddp as helpers
     import torch.multiprocessing as mp
 
     with socket.socket() as s:

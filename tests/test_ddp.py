@@ -18,9 +18,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import socket
-import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,8 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).parent))
-import ddp_helpers as helpers  # noqa: E402
+from tests.helpers import ddp as helpers
 
 pytestmark = pytest.mark.ddp
 

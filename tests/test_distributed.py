@@ -6,8 +6,6 @@ what ``torch.distributed.all_gather`` returns; the 2-process runs are in test_dd
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +15,6 @@ from torch import Tensor
 from lit_constrained.distributed import exchanged_numbers, gather_step, row_counts, row_slice
 from lit_constrained.optim.jacobian import constraint_jacobian
 
-sys.path.insert(0, str(Path(__file__).parent / "tasks"))
 
 
 @pytest.mark.parametrize("m,world", [(3, 2), (50, 8), (1, 2), (0, 3), (10, 64), (64, 64)])
@@ -123,7 +120,7 @@ def test_row_subset_of_the_autograd_jacobian(method: str) -> None:
 def test_darcy_per_sample_jacobian_by_constraint_rows() -> None:
     """Darcy's vmap Jacobian of a slice of the constraint rows (any samples they touch) equals those
     rows of the general autograd Jacobian."""
-    from test_darcy import SMALL_DATA, small_task, train_batch
+    from tests.tasks.test_darcy import SMALL_DATA, small_task, train_batch
 
     from lit_constrained.tasks.darcy import DarcyData
 
@@ -144,12 +141,11 @@ def test_darcy_per_sample_jacobian_by_constraint_rows() -> None:
 def test_darcy_rows_grouping_makes_no_host_sync() -> None:
     """The grouping an accelerator uses ("rows") has no data-dependent shape: the per-sample Jacobian
     then adds no host sync to the step (the "auto" cost model reads group sizes on the host)."""
-    from test_darcy import SMALL_DATA, small_task, train_batch
+    from tests.tasks.test_darcy import SMALL_DATA, small_task, train_batch
 
     from lit_constrained.tasks.darcy import DarcyData, per_sample_jacobian
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from sync_counting import SyncCounter
+    from tests.helpers.sync_counting import SyncCounter
 
     dm = DarcyData(**SMALL_DATA)
     task = small_task("float64")

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from lightning_helpers import quiet_trainer  # noqa: E402
+from tests.helpers.lightning import quiet_trainer  # noqa: E402
 
 from lit_constrained.module import ConstrainedModule  # noqa: E402
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall  # noqa: E402

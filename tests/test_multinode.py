@@ -13,7 +13,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).parent))
-import ddp_helpers as helpers  # noqa: E402
+from tests.helpers import ddp as helpers
 
 pytestmark = pytest.mark.ddp
 

@@ -16,9 +16,7 @@ asserted only where they are the stepper's business; ``python tests/test_step_sy
 from __future__ import annotations
 
 import functools
-import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -26,12 +24,11 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sync_counting import SyncCounter  # noqa: E402
+from tests.helpers.sync_counting import SyncCounter  # noqa: E402
 
 from lit_constrained.optim import SQPAdam  # noqa: E402
 from lit_constrained.tasks.curve import CurveData, CurveFit  # noqa: E402
-from lightning_helpers import MemoryLogger
+from tests.helpers.lightning import MemoryLogger
 
 STEPS = 8
 LOG_EVERY = 4  # steps 3 and 7 (0-based) are the logger's

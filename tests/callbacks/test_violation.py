@@ -13,7 +13,7 @@ import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import Logger
-from lightning_helpers import MemoryLogger
+from tests.helpers.lightning import MemoryLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from lit_constrained.callbacks import ConstraintViolationMonitor

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
-from sync_counting import SyncCounter
+from tests.helpers.sync_counting import SyncCounter
 from torch import Tensor
 from torch.optim import Optimizer
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from hock_schittkowski import HS6, HS28
+from tests.helpers.hock_schittkowski import HS6, HS28
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall, constraint_jacobian
 from lit_constrained.optim.constrained import ADAPTIVE_NORMAL_STEP, DEFAULT_MAX_NORMAL_STEP
 

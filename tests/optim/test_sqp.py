@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from hock_schittkowski import PROBLEMS, Problem
-from sync_counting import SyncCounter
+from tests.helpers.hock_schittkowski import PROBLEMS, Problem
+from tests.helpers.sync_counting import SyncCounter
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall, constraint_jacobian

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hock_schittkowski import PROBLEMS, Problem
+from tests.helpers.hock_schittkowski import PROBLEMS, Problem
 from lit_constrained.callbacks.fstar import step_size_values
 from lit_constrained.optim import MoMo, MoMoAdam, SQPHeavyBall, SQPMoMo, SQPMoMoAdam, constraint_jacobian
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from lightning_helpers import quiet_trainer
+from tests.helpers.lightning import quiet_trainer
 from torch import Tensor, nn
 
 from lit_constrained.optim import SQPAdam

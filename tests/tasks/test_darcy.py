@@ -26,7 +26,7 @@ from lit_constrained.tasks.darcy_data import (
 )
 from lit_constrained.tasks.spectral import PointwiseConv1d, VmapSpectralConv
 
-from lightning_helpers import quiet_trainer
+from tests.helpers.lightning import quiet_trainer
 
 SMALL_DATA = dict(n_train=6, n_val=2, n_test=2, n_generate=40, n_constraints=8, seed=1, cache_dir=None)
 SMALL_NET = dict(hidden_channels=2, n_layers=2, n_modes=(6, 6))

@@ -16,7 +16,7 @@ from lit_constrained.optim.flat import group_params
 from lit_constrained.tasks.spring import Spring, SpringData, spring_exact, spring_points, spring_residual
 from lit_constrained.tasks.spring_data import spring_constants
 
-from lightning_helpers import quiet_trainer
+from tests.helpers.lightning import quiet_trainer
 
 
 class ExactSpring(nn.Module):

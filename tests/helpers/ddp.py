@@ -31,7 +31,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Tenso
 from lit_constrained.callbacks import ConstraintViolationMonitor, LipschitzEstimator
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.optim import AdamCon, ConstantStepAdam, MoMo, MoMoAdam, SQPAdam, SQPHeavyBall
-from lightning_helpers import MemoryLogger
+from tests.helpers.lightning import MemoryLogger
 
 WORLD = 2
 SEED = 0  # seed_everything(SEED): Lightning's DistributedSampler takes its seed from it

@@ -26,9 +26,9 @@ from lit_constrained.callbacks.monitoring import VaryingScalars, default_logger,
 from lit_constrained.optim import SQPAdam
 from lit_constrained.tasks.curve import CurveData, CurveFit, target
 
-from sync_counting import SyncCounter
+from tests.helpers.sync_counting import SyncCounter
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS, LOG_EVERY, VAL_EVERY = 9, 3, 3
 
 

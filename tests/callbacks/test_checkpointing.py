@@ -26,9 +26,9 @@ from lit_constrained.callbacks.checkpointing import (
 from lit_constrained.optim import SQPAdam
 from lit_constrained.tasks.curve import CurveData, CurveFit
 
-from lightning_helpers import quiet_trainer
+from tests.helpers.lightning import quiet_trainer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def curve(**kwargs: Any) -> tuple[CurveFit, CurveData]:

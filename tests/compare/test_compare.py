@@ -18,7 +18,7 @@ from lit_constrained.compare.grid import RunSpec, build_grid, execution_order, p
 from lit_constrained.compare.verdict import CLAIMS, Finals, least_lr_sensitive, lowest, verdict_table
 from lit_constrained.compare.worker import history_columns, history_from_columns, summarize, thin_history
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EPOCHS = 4
 CURVE_EPOCHS = 300  # trainer.max_epochs of configs/curve/sqp_adam.yaml: the curve task's reference budget
 
@@ -336,7 +336,7 @@ def test_recorder_evaluates_the_constraints_on_the_batch_the_task_sees(tmp_path:
     import functools
 
     import torch
-    from lightning_helpers import quiet_trainer
+    from tests.helpers.lightning import quiet_trainer
 
     from lit_constrained.compare.recorder import EpochRecorder
     from lit_constrained.optim import SQPAdam
