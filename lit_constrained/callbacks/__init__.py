@@ -3,7 +3,14 @@ monitor, the constraint-violation metrics; the end-of-fit summary, crash-safe ch
 monitoring helpers live in their own modules."""
 
 from .lipschitz import LipschitzEstimator, reset_all_parameters
+from .step_size import StepSizeMonitor
 from .violation import ConstraintViolationMonitor
-from .fstar import FStarMonitor
+from .fstar import FStarMonitor  # deprecated alias of StepSizeMonitor (old configs)
 
-__all__ = ["ConstraintViolationMonitor", "FStarMonitor", "LipschitzEstimator", "reset_all_parameters"]
+__all__ = [
+    "ConstraintViolationMonitor",
+    "FStarMonitor",
+    "LipschitzEstimator",
+    "StepSizeMonitor",
+    "reset_all_parameters",
+]

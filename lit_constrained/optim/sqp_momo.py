@@ -123,7 +123,7 @@ of x); c has shape (m,), J shape (m, n) in the flat layout (:mod:`~lit_constrain
 ``step_norm``, ``normal_step_norm``, ``violation_max``, ``linearized_feasibility_error``
 (:math:`\|J\Delta x - J n\| / \|J n\|`). ``optimizer.state["flat"]`` holds what resuming needs: ``step``,
 the moments (n-vectors in the working dtype), ``loss_avg``, ``gamma`` and ``lower_bound`` (the current
-:math:`f^*` estimate; 0-dim float64), which :class:`~lit_constrained.callbacks.fstar.FStarMonitor` logs with
+:math:`f^*` estimate; 0-dim float64), which :class:`~lit_constrained.callbacks.step_size.StepSizeMonitor` logs with
 ``tau`` and ``zeta``. In data-parallel training the package's stepper passes the rank-mean loss and the
 gathered c and J to every rank, so all replicas take the same step.
 

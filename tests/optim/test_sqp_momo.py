@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.hock_schittkowski import PROBLEMS, Problem
-from lit_constrained.callbacks.fstar import step_size_values
+from lit_constrained.callbacks.step_size import step_size_values
 from lit_constrained.optim import MoMo, MoMoAdam, SQPHeavyBall, SQPMoMo, SQPMoMoAdam, constraint_jacobian
 
 F64 = torch.float64

@@ -1,4 +1,4 @@
-"""FStarMonitor: reads tau, zeta (the step's diagnostics), f* (optimizer.state) and the lr, logs them every step."""
+"""StepSizeMonitor: reads tau, zeta (the step's diagnostics), f* (optimizer.state) and the lr, logs them every step."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lit_constrained.callbacks.fstar import FStarMonitor, step_size_values
+from lit_constrained.callbacks.step_size import StepSizeMonitor, step_size_values
 from lit_constrained.optim.momo import MoMo, MoMoAdam
 
 
@@ -83,7 +83,7 @@ def test_other_optimizers_and_layouts() -> None:
 )
 def test_bad_arguments_raise(kwargs: dict) -> None:
     with pytest.raises(ValueError, match="Invalid"):
-        FStarMonitor(**kwargs)
+        StepSizeMonitor(**kwargs)
 
 
 # ---------------------------------------------------------------------------- in a Trainer
@@ -151,30 +151,30 @@ def test_logs_every_step_to_the_logger_and_callback_metrics(tmp_path: Path) -> N
     torch.manual_seed(0)
     steps = 6
     module = ManualRegression(functools.partial(MoMo, lr=0.5, estimate_lower_bound=True, lower_bound=-5.0))
-    trainer = _trainer(tmp_path, [FStarMonitor()], steps)
+    trainer = _trainer(tmp_path, [StepSizeMonitor()], steps)
     trainer.fit(module, train_dataloaders=_data())
 
     optimizer = trainer.optimizers[0]
     metrics = trainer.callback_metrics
-    assert float(metrics["fstar/lower_bound"]) == pytest.approx(float(optimizer.state["momo"]["lower_bound"]), rel=1e-6)
-    assert float(metrics["fstar/tau"]) == pytest.approx(float(optimizer.diagnostics["tau"]), rel=1e-6)
-    assert float(metrics["fstar/zeta"]) == pytest.approx(float(optimizer.diagnostics["zeta"]), rel=1e-6)
-    assert float(metrics["fstar/lr"]) == 0.5
+    assert float(metrics["step_size/lower_bound"]) == pytest.approx(float(optimizer.state["momo"]["lower_bound"]), rel=1e-6)
+    assert float(metrics["step_size/tau"]) == pytest.approx(float(optimizer.diagnostics["tau"]), rel=1e-6)
+    assert float(metrics["step_size/zeta"]) == pytest.approx(float(optimizer.diagnostics["zeta"]), rel=1e-6)
+    assert float(metrics["step_size/lr"]) == 0.5
 
     series = _csv_series(tmp_path)
-    for key in ("fstar/lower_bound", "fstar/tau", "fstar/zeta", "fstar/lr"):
+    for key in ("step_size/lower_bound", "step_size/tau", "step_size/zeta", "step_size/lr"):
         assert len(series[key]) == steps, key
     # MoMo (rho = 1): the step used is min(lr, zeta), at every logged step
-    for tau, zeta, lr in zip(series["fstar/tau"], series["fstar/zeta"], series["fstar/lr"]):
+    for tau, zeta, lr in zip(series["step_size/tau"], series["step_size/zeta"], series["step_size/lr"]):
         assert tau == pytest.approx(min(lr, zeta), rel=1e-6)
     # the online estimate moved from the user's start value -5 (f*_1 is the floor)
-    assert all(f >= -5.0 for f in series["fstar/lower_bound"]) and series["fstar/lower_bound"][-1] > -5.0
+    assert all(f >= -5.0 for f in series["step_size/lower_bound"]) and series["step_size/lower_bound"][-1] > -5.0
 
 
 def test_a_plain_torch_optimizer_gives_the_lr_only(tmp_path: Path) -> None:
     torch.manual_seed(0)
     module = ManualRegression(functools.partial(torch.optim.Adam, lr=1e-2))
-    trainer = _trainer(tmp_path, [FStarMonitor(prefix="adam")], 4)
+    trainer = _trainer(tmp_path, [StepSizeMonitor(prefix="adam")], 4)
     trainer.fit(module, train_dataloaders=_data())
     series = _csv_series(tmp_path)
     assert series["adam/lr"] == pytest.approx([1e-2] * 4, rel=1e-6)  # logged as float32
@@ -188,14 +188,14 @@ def test_with_constrained_module_and_momo_adam(tmp_path: Path) -> None:
     torch.manual_seed(0)
     steps = 5
     task = CurveFit(hidden=8, optimizer=functools.partial(MoMoAdam, lr=0.1, estimate_lower_bound=True))
-    trainer = _trainer(tmp_path, [FStarMonitor()], steps, limit_val_batches=0)
+    trainer = _trainer(tmp_path, [StepSizeMonitor()], steps, limit_val_batches=0)
     trainer.fit(task, datamodule=CurveData(num_samples=32, batch_size=16))
     series = _csv_series(tmp_path)
-    assert len(series["fstar/tau"]) == steps
+    assert len(series["step_size/tau"]) == steps
     # MoMo-Adam: tau = min(lr / (1 - beta1^k), zeta)
-    for k, (tau, zeta) in enumerate(zip(series["fstar/tau"], series["fstar/zeta"]), start=1):
+    for k, (tau, zeta) in enumerate(zip(series["step_size/tau"], series["step_size/zeta"]), start=1):
         assert tau == pytest.approx(min(0.1 / (1 - 0.9**k), zeta), rel=1e-6)
-    assert series["fstar/lower_bound"][-1] == pytest.approx(float(trainer.optimizers[0].state["momo"]["lower_bound"]))
+    assert series["step_size/lower_bound"][-1] == pytest.approx(float(trainer.optimizers[0].state["momo"]["lower_bound"]))
 
 
 def test_a_resumed_run_continues_the_same_step_sizes(tmp_path: Path) -> None:
@@ -212,7 +212,7 @@ def test_a_resumed_run_continues_the_same_step_sizes(tmp_path: Path) -> None:
 
     def fit(path: Path, steps: int, ckpt: str | None = None) -> tuple[CurveFit, dict[str, list[float]]]:
         task = make_task()
-        trainer = _trainer(path, [FStarMonitor()], steps, limit_val_batches=0)
+        trainer = _trainer(path, [StepSizeMonitor()], steps, limit_val_batches=0)
         # weights_only=False: the checkpoint holds the optimizer callable (a functools.partial)
         trainer.fit(task, datamodule=FullBatch(num_samples=32), ckpt_path=ckpt, weights_only=False)
         if ckpt is None:
@@ -222,7 +222,33 @@ def test_a_resumed_run_continues_the_same_step_sizes(tmp_path: Path) -> None:
     straight, s_series = fit(tmp_path / "straight", 8)
     fit(tmp_path / "first", 4)
     resumed, r_series = fit(tmp_path / "resumed", 8, ckpt=str(tmp_path / "first" / "end.ckpt"))
-    for key in ("fstar/tau", "fstar/zeta", "fstar/lower_bound"):
+    for key in ("step_size/tau", "step_size/zeta", "step_size/lower_bound"):
         assert r_series[key] == pytest.approx(s_series[key][4:], rel=1e-6), key
     for p, q in zip(straight.parameters(), resumed.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------- the deprecated name
+
+
+def test_the_old_name_warns_and_keeps_its_metric_names(tmp_path: Path) -> None:
+    """Old configs name ``lit_constrained.callbacks.FStarMonitor``: it still works, warns, and logs the
+    same values under its old prefix ``fstar``."""
+    from lit_constrained.callbacks import FStarMonitor
+    from lit_constrained.callbacks.fstar import FStarMonitor as FromOldModule
+
+    assert FromOldModule is FStarMonitor
+    with pytest.warns(FutureWarning, match="StepSizeMonitor"):
+        old = FStarMonitor()
+    assert isinstance(old, StepSizeMonitor) and old.prefix == "fstar"
+
+    def run(path: Path, callback: pl.Callback) -> dict[str, list[float]]:
+        torch.manual_seed(0)
+        module = ManualRegression(functools.partial(MoMo, lr=0.5, estimate_lower_bound=True, lower_bound=-5.0))
+        _trainer(path, [callback], 3).fit(module, train_dataloaders=_data())
+        return _csv_series(path)
+
+    old_series = run(tmp_path / "old", old)
+    new_series = run(tmp_path / "new", StepSizeMonitor())
+    for key in ("lower_bound", "tau", "zeta", "lr"):
+        assert old_series[f"fstar/{key}"] == new_series[f"step_size/{key}"], key
