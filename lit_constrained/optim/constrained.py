@@ -65,11 +65,12 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Union
+from typing import Any, Callable, Literal, Union
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
+from torch.optim.optimizer import ParamsT
 
 from .checks import check_constraint_inputs, check_finite, check_lr, check_positive, check_shared_keys
 from .flat import block_sizes, group_params, real_view
@@ -91,7 +92,6 @@ from .nullspace import (
 Rho = Union[float, Literal["full"]]
 MaxNormalStep = Union[float, None, Literal["adaptive"]]
 Precision = Literal["native", "float64"]
-ParamsT = Union[Iterable[Tensor], Iterable[dict[str, Any]]]
 
 DEFAULT_LR = 1e-3
 DEFAULT_RHO: Rho = "full"

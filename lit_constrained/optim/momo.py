@@ -93,18 +93,17 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
+from torch.optim.optimizer import ParamsT
 
 from .checks import check_beta, check_betas, check_lr, check_positive, check_shared_keys, loss_from_closure
 from .flat import real_view
-
-ParamsT = Union[Iterable[Tensor], Iterable[dict[str, Any]]]
 
 GLOBAL_KEY = "momo"
 """The ``optimizer.state`` key of the loss model's scalars (``step``, ``loss_avg``, ``gamma``, ``lower_bound``)."""

@@ -135,12 +135,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Literal, Union
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
+from torch.optim.optimizer import ParamsT
 
 from .checks import (
     check_beta, check_betas, check_constraint_inputs, check_finite, check_lr, check_positive, check_shared_keys,
@@ -151,7 +152,6 @@ from .nullspace import DEFAULT_RCOND, NullSpace
 
 Rho = Union[float, Literal["full"]]
 Precision = Literal["native", "float64"]
-ParamsT = Union[Iterable[Tensor], Iterable[dict[str, Any]]]
 
 STATE_KEY = "flat"
 """The ``optimizer.state`` key of the flat state (as the other constrained optimizers)."""
