@@ -5,10 +5,13 @@ from .jacobian import constraint_jacobian
 from .nullspace import NullSpace
 from .sqp import SQPAdam, SQPHeavyBall
 from .constant_step_adam import ConstantStepAdam
+from .lipschitz import LipschitzEstimate, constant_step_size, estimate_lipschitz, reset_all_parameters
+from .lr_setting import set_lr
 from .momo import MoMo, MoMoAdam
 from .sqp_momo import SQPMoMo, SQPMoMoAdam
 
 __all__ = [
     "AdamCon", "ConstantStepAdam", "MoMo", "MoMoAdam", "NullSpace", "SQPAdam", "SQPHeavyBall", "SQPMoMo",
     "SQPMoMoAdam", "constraint_jacobian",
+    "LipschitzEstimate", "constant_step_size", "estimate_lipschitz", "reset_all_parameters", "set_lr",
 ]

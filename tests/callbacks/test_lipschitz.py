@@ -282,6 +282,48 @@ def test_seed_makes_the_samples_reproducible_and_independent_of_the_global_rng()
     assert unseeded[0] != unseeded[1]  # without a seed the draws follow the global RNG
 
 
+# ---------------------------------------------------------------------------- the training loader left as found
+
+
+class FirstBatch(Callback):
+    """Records the first training batch the fit loop hands to the module."""
+
+    def __init__(self) -> None:
+        self.batch: list[torch.Tensor] | None = None
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.batch is None:
+            self.batch = [t.clone() for t in batch]
+
+
+def _first_batch_with_own_generators(with_estimator: bool, sampler_generator: bool) -> torch.Tensor:
+    a, b, w0, cand = _least_squares_problem(n=20)
+    data = TensorDataset(torch.from_numpy(a), torch.from_numpy(b))
+    loader_gen = torch.Generator().manual_seed(11)
+    if sampler_generator:  # the sampler's own generator draws the order, the loader's one the worker seed
+        sampler = torch.utils.data.RandomSampler(data, generator=torch.Generator().manual_seed(22))
+        loader = DataLoader(data, batch_size=3, sampler=sampler, generator=loader_gen)
+    else:  # the loader's generator drives its RandomSampler
+        loader = DataLoader(data, batch_size=3, shuffle=True, generator=loader_gen)
+    first = FirstBatch()
+    callbacks: list[Callback] = [first]
+    if with_estimator:
+        callbacks.insert(0, LipschitzEstimator(num_samples=3, mode="minibatch", sampler=CyclingSampler(cand)))
+    model = LeastSquares(w0.tolist()) if with_estimator else LeastSquares(w0.tolist(), lr=0.1)
+    _trainer(max_epochs=1, max_steps=1, callbacks=callbacks).fit(model, train_dataloaders=loader)
+    assert first.batch is not None
+    return first.batch[1]
+
+
+@pytest.mark.parametrize("sampler_generator", [False, True])
+def test_the_loaders_own_generators_are_left_where_they_were(sampler_generator):
+    """Training sees the same mini-batches with and without the estimator (its passes draw the loader's
+    and the sampler's generators, then put them back)."""
+    without = _first_batch_with_own_generators(False, sampler_generator)
+    with_est = _first_batch_with_own_generators(True, sampler_generator)
+    assert torch.equal(with_est, without)
+
+
 # ---------------------------------------------------------------------------- which groups get alpha
 
 
