@@ -72,7 +72,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.optimizer import ParamsT
 
-from .checks import check_constraint_inputs, check_finite, check_lr, check_positive, check_shared_keys
+from .checks import check_finite, check_lr, check_positive, check_shared_keys, prepared_constraint_inputs
 from .flat import block_sizes, group_params, real_view
 from .nullspace import (
     DEFAULT_RCOND,
@@ -82,6 +82,7 @@ from .nullspace import (
     exact_gram,
     exact_matvec,
     exact_refinements,
+    exact_residual_needed,
     gram,
     gram_partials_shape,
     merged_step,
@@ -366,15 +367,21 @@ class ConstrainedOptimizer(Optimizer, ABC):
         finite = projection.finite & torch.isfinite(c).all()
         if m == 0:
             finite = finite & torch.isfinite(torch.dot(g, g))
-        plan = refinement_plan(projection.factor, n, dtype) if m else torch.zeros((), dtype=torch.int64)
+        if m:  # plan in {-1, ..., MAX_REFINEMENTS}; + 8 where the residuals need float64 products
+            plan = refinement_plan(projection.factor, n, dtype) + 8 * exact_residual_needed(
+                projection.factor, n, dtype).to(torch.int64)
+        else:
+            plan = torch.zeros((), dtype=torch.int64)
         plan = plan.to(finite.device)
-        code = int(torch.where(finite, plan + 2, torch.zeros_like(plan)))  # plan >= -1
+        code = int(torch.where(finite, plan + 2, torch.zeros_like(plan)))
         if code == 0:
             self._raise_nonfinite(g, c, J)
-        refinements = code - 2
+        exact_residual = code >= 8
+        refinements = code % 8 - 2
         if refinements < 0:
             projection.factor = self._exact_factor(projection.jacobian)
             refinements = exact_refinements(projection.factor, dtype)
+            exact_residual = True
 
         state["n"] = n
         state["step"] = state["step"] + 1
@@ -403,12 +410,12 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 normal = projection.extras.get("normal_direction")
                 if normal is None:
                     merged_step(projection.jacobian, projection.factor, w, a, scale * c, refinements, delta,
-                                workspace, scaled)
+                                workspace, scaled, exact_residual)
                 else:  # -J~^+ c was formed for the safeguard's norm: reuse it, a P~ w + s (-J~^+ c)
                     merged_step(projection.jacobian, projection.factor, w, a, torch.zeros_like(c), 0, delta)
                     delta.addcmul_(normal, scale.to(delta.dtype))
                     refine_(projection.jacobian, projection.factor, delta, scale * c, refinements, workspace,
-                            scaled)
+                            scaled, exact_residual)
                 self._to_x(projection, delta)
             else:
                 self._mixed_lr_step(projection, w, c, scale, None, refinements, J, delta)
@@ -549,14 +556,10 @@ class ConstrainedOptimizer(Optimizer, ABC):
     def _checked_constraints(
         self, constraints: Tensor | None, jacobian: Tensor | None, n: int, dtype: torch.dtype, device: torch.device
     ) -> tuple[Tensor, Tensor]:
-        m = check_constraint_inputs(type(self).__name__, constraints, jacobian, n)
-        if constraints is None or jacobian is None:
-            return torch.zeros(0, dtype=torch.float64, device=device), torch.zeros(0, n, dtype=dtype, device=device)
-        c = constraints.detach().to(torch.float64)
-        J = jacobian.detach()
-        if J.dtype != dtype or not J.is_contiguous() or J.device != device:
-            J = self._buffer("jacobian", (m, n), dtype, device).copy_(J)
-        return c, J
+        return prepared_constraint_inputs(
+            type(self).__name__, constraints, jacobian, n, dtype, device,
+            lambda m: self._buffer("jacobian", (m, n), dtype, device),
+        )
 
     def _raise_nonfinite(self, g: Tensor, c: Tensor, J: Tensor) -> None:
         """The failure path (syncs are fine here): name what is not finite."""

@@ -27,13 +27,19 @@ least-squares solution of :math:`J x = c`. The optimizers need both at once and 
 .. math::
     \delta = a P w - J^+ (s c) = a w - J^T z, \qquad z = G^+ (s c + a J w).
 
-Iterative refinement (residual :math:`-s\,U_r U_r^T c - J \delta` from exact products, correction
-:math:`J^T G^+ r`, two passes over J) removes the errors of the first pass: that of the normal
+Iterative refinement (residual :math:`-s\,U_r U_r^T c - J \delta`, correction :math:`J^T G^+ r`, two
+passes over J) removes the errors of the first pass: that of the normal
 equations (each step multiplies it by about :math:`q = \kappa(G)\,\epsilon_G`, :math:`\epsilon_G` the
 Gram's relative error) and, for float32 J, the cancellation in :math:`J^T z` (:math:`z` grows like
 :math:`1/\sigma_{\min}^2` while :math:`J^T z` like :math:`1/\sigma_{\min}`: a relative error
 :math:`\sim\epsilon_{32}\,\kappa(J)`). :func:`refinement_plan` picks the number of steps, or the exact
-float64 Gram when the blocked one is too inaccurate for the conditioning of J.
+float64 Gram when the blocked one is too inaccurate for the conditioning of J. The residual is what
+limits the refined accuracy: :func:`blocked_matvec` (float32 products over ``RESIDUAL_BLOCK`` columns
+summed in float64, the cost of one float32 pass) is accurate to about :math:`\epsilon_{32}
+\sqrt{B/n}\,\kappa(J)` relative to :math:`\|s c\|`, and :func:`exact_matvec` (float64 products, ~3-6
+float32 passes' time: the conversion of J dominates) to the float32 rounding of :math:`\delta` itself;
+:func:`exact_residual_needed` picks the exact one only where the blocked one cannot reach
+``TARGET_ERROR`` (and always on the exact-Gram path).
 """
 
 from __future__ import annotations
@@ -69,6 +75,9 @@ cache), i.e. ``chunk_columns(m)`` columns."""
 def chunk_columns(m: int) -> int:
     """Columns per float64 chunk of an m-row J."""
     return max(1024, min(65536, CHUNK_ELEMENTS // max(m, 1)))
+
+RESIDUAL_BLOCK = 256
+"""Columns per float32 product block of :func:`blocked_matvec` (partials summed in float64)."""
 
 TARGET_ERROR = 1e-6
 """Refine until the estimated relative error of J delta = -s c is below this (float32 data; about the
@@ -167,6 +176,43 @@ def exact_matvec(J: Tensor, v: Tensor, workspace: tuple[Tensor, Tensor] | None =
         b.copy_(v[start:stop])
         out.addmv_(a, b)
     return out
+
+
+def blocked_matvec(J: Tensor, v: Tensor) -> Tensor:
+    r"""J v as float64: float32 products over blocks of ``RESIDUAL_BLOCK`` columns (one ``bmm``), the
+    blocks' partial sums added in float64 (exact float64 products for float64 J and v). The error of a
+    row is :math:`\sim\epsilon_{32}\sqrt{B/n}\,\|J_i\|\,\|v\|` (the blocks' rounding errors are
+    independent), against :math:`\epsilon_{32}\|J_i\|\|v\|`-like for one float32 GEMV over all n; it
+    costs one float32 pass over J (no conversion of J, unlike :func:`exact_matvec`)."""
+    if J.dtype == torch.float64:
+        return J @ v.to(torch.float64)
+    m, n = J.shape
+    v = v.to(J.dtype)
+    blocks = n // RESIDUAL_BLOCK
+    full = blocks * RESIDUAL_BLOCK
+    out = torch.zeros(m, dtype=torch.float64, device=J.device)
+    if blocks:
+        Jb = J[:, :full].view(m, blocks, RESIDUAL_BLOCK).transpose(0, 1)
+        partial = torch.bmm(Jb, v[:full].view(blocks, RESIDUAL_BLOCK, 1))
+        out += partial.sum(0, dtype=torch.float64).view(m)
+    if full < n:
+        out += (J[:, full:] @ v[full:]).to(torch.float64)
+    return out
+
+
+def residual_error(factor: "GramFactor", n: int, dtype: torch.dtype) -> Tensor:
+    r"""An estimate of the relative error of a residual from :func:`blocked_matvec`,
+    :math:`\epsilon\sqrt{B/n}\,\kappa(J)` with :math:`\kappa(J) = \sqrt{\kappa(G)}` (the normal step's
+    norm is at most :math:`\kappa(J)\|s c\|/\sigma_{\max}`); 0-dim float64. Measured 5-15x below this
+    at n = 1e5-1e6, cond(J) = 180-1e3."""
+    eps = torch.finfo(dtype).eps if dtype != torch.float64 else 0.0
+    return eps * math.sqrt(min(RESIDUAL_BLOCK, max(n, 1)) / max(n, 1)) * factor.condition.sqrt()
+
+
+def exact_residual_needed(factor: "GramFactor", n: int, dtype: torch.dtype) -> Tensor:
+    """Whether the refinement residuals must come from :func:`exact_matvec` (0-dim bool): when the
+    blocked residual's estimated error (:func:`residual_error`) exceeds ``TARGET_ERROR``."""
+    return residual_error(factor, n, dtype) > TARGET_ERROR
 
 
 def add_rmatvec_(out: Tensor, J: Tensor, z: Tensor, alpha: float = 1.0) -> Tensor:
@@ -279,11 +325,13 @@ def merged_step(
     out: Tensor,
     workspace: tuple[Tensor, Tensor] | None = None,
     scaled: tuple[Tensor, Tensor, Tensor] | None = None,
+    exact: bool = True,
 ) -> Tensor:
     r"""out = a P w - J^+ (s c), merged: :math:`out = a w - J^T z`, :math:`z = G^+(sc + a J w)`.
 
     Then :math:`J\,out = -U_r U_r^T (sc)` up to round-off, improved by ``refinements`` steps of iterative
-    refinement (residuals from :func:`exact_matvec`, with ``workspace``). ``w=None`` means w = 0 (the
+    refinement (residuals from :func:`exact_matvec` with ``workspace``, or from :func:`blocked_matvec`
+    when ``exact`` is False; :func:`exact_residual_needed` decides). ``w=None`` means w = 0 (the
     normal step alone); ``sc`` is :math:`s c` (float64). Returns ``out`` (J's dtype), which may alias ``w``.
 
     ``scaled = (J0, d, scratch)``: J is the (rounded) product ``J0 * d`` and the step in x is
@@ -296,7 +344,7 @@ def merged_step(
     else:
         z = factor.solve(sc + a * matvec(J, w)).to(J.dtype)
         torch.addmv(w, J.T, z, beta=a, alpha=-1.0, out=out)  # a w - J^T z in one pass
-    return refine_(J, factor, out, sc, refinements, workspace, scaled)
+    return refine_(J, factor, out, sc, refinements, workspace, scaled, exact)
 
 
 def refine_(
@@ -307,17 +355,20 @@ def refine_(
     refinements: int,
     workspace: tuple[Tensor, Tensor] | None = None,
     scaled: tuple[Tensor, Tensor, Tensor] | None = None,
+    exact: bool = True,
 ) -> Tensor:
     r"""``refinements`` steps of iterative refinement of :math:`J\,out = -U_r U_r^T (sc)` in place:
-    residual from :func:`exact_matvec`, correction :math:`J^T G^+ r` (see :func:`merged_step`)."""
+    residual from :func:`exact_matvec` (``exact``) or :func:`blocked_matvec`, correction
+    :math:`J^T G^+ r` (see :func:`merged_step`)."""
     if refinements:
         target = -factor.range_part(sc)
+        product = (lambda A, v: exact_matvec(A, v, workspace)) if exact else blocked_matvec
         for _ in range(refinements):
             if scaled is None:
-                residual = target - exact_matvec(J, out, workspace)
+                residual = target - product(J, out)
             else:
                 J0, d, scratch = scaled
-                residual = target - exact_matvec(J0, torch.mul(d, out, out=scratch), workspace)
+                residual = target - product(J0, torch.mul(d, out, out=scratch))
             add_rmatvec_(out, J, factor.solve(residual))
     return out
 
@@ -331,11 +382,13 @@ class NullSpace:
         jacobian: J (any float dtype), shape (m, n).
         factor: the :class:`GramFactor` of J J^T.
         refine: the number of refinement steps the projections apply (from :func:`refinement_plan`).
+        exact_residual: whether their residuals need float64 products (:func:`exact_residual_needed`).
     """
 
     jacobian: Tensor
     factor: GramFactor
     refine: int = 0
+    exact_residual: bool = True
 
     @classmethod
     def from_jacobian(cls, jacobian: Tensor, rcond: float = DEFAULT_RCOND) -> "NullSpace":
@@ -344,11 +397,13 @@ class NullSpace:
         if m == 0:
             return cls(jacobian, GramFactor.empty(jacobian.device), 0)
         factor = GramFactor.from_gram(gram(jacobian), rcond)
-        steps = int(refinement_plan(factor, n, jacobian.dtype))
+        plan = refinement_plan(factor, n, jacobian.dtype)
+        exact = exact_residual_needed(factor, n, jacobian.dtype)
+        steps, exact = (int(v) for v in torch.stack([plan, exact.to(plan.dtype)]).tolist())
         if steps < 0:
             factor = GramFactor.from_gram(exact_gram(jacobian), rcond)
-            steps = exact_refinements(factor, jacobian.dtype)
-        return cls(jacobian, factor, steps)
+            steps, exact = exact_refinements(factor, jacobian.dtype), 1
+        return cls(jacobian, factor, steps, bool(exact))
 
     @property
     def rank(self) -> int:
@@ -368,7 +423,8 @@ class NullSpace:
             return w.clone()
         sc = torch.zeros(self.jacobian.shape[0], dtype=torch.float64, device=w.device)
         out = torch.empty_like(w, dtype=self.jacobian.dtype)
-        return merged_step(self.jacobian, self.factor, w.to(self.jacobian.dtype), 1.0, sc, self.refine, out)
+        return merged_step(self.jacobian, self.factor, w.to(self.jacobian.dtype), 1.0, sc, self.refine, out,
+                           exact=self.exact_residual)
 
     def pseudo_solve(self, c: Tensor) -> Tensor:
         """J^+ c: the minimum-norm least-squares x of J x = c."""
@@ -376,4 +432,5 @@ class NullSpace:
         out = torch.empty(J.shape[1], dtype=J.dtype, device=J.device)
         if J.shape[0] == 0:
             return out.zero_()
-        return merged_step(J, self.factor, None, 0.0, -c.to(torch.float64), self.refine, out)
+        return merged_step(J, self.factor, None, 0.0, -c.to(torch.float64), self.refine, out,
+                           exact=self.exact_residual)

@@ -12,9 +12,12 @@ from lit_constrained.optim.checks import all_finite, check_betas, check_finite, 
 from lit_constrained.optim.flat import add_flat_, block_sizes, gather, group_params, numel_real, real_view
 from lit_constrained.optim.nullspace import (
     GramFactor,
+    RESIDUAL_BLOCK,
     NullSpace,
+    blocked_matvec,
     exact_gram,
     exact_matvec,
+    exact_residual_needed,
     gram,
     gram_error,
     merged_step,
@@ -47,6 +50,29 @@ def test_blocked_gram_is_within_its_error_estimate(n):
     assert error <= 10 * gram_error(n, torch.float32, 7)
     # one float32 GEMM over all n is what the blocks avoid
     assert (gram(J.to(F64)) - exact).norm() / exact.norm() < 1e-15
+
+
+@pytest.mark.parametrize("n", [300, 20_000, 100_003])
+def test_blocked_matvec_is_within_its_error_estimate(n):
+    """Float32 products over RESIDUAL_BLOCK columns summed in float64: each row's error is ~eps32
+    sqrt(B / n) ||J_i|| ||v||, far below one float32 GEMV's (the residual of the refinement)."""
+    gen = torch.Generator().manual_seed(n)
+    J, v = torch.randn(6, n, generator=gen), torch.randn(n, generator=gen)
+    exact = J.to(F64) @ v.to(F64)
+    scale = J.to(F64).norm(dim=1) * v.to(F64).norm()
+    bound = torch.finfo(torch.float32).eps * math.sqrt(min(RESIDUAL_BLOCK, n) / n)
+    assert ((blocked_matvec(J, v) - exact).abs() / scale).max() <= 3 * bound
+    assert torch.equal(blocked_matvec(J.to(F64), v.to(F64)), exact)
+
+
+def test_exact_residual_only_where_the_blocked_one_cannot_reach_the_target():
+    def factor(cond_gram: float) -> GramFactor:
+        return GramFactor.from_gram(torch.diag(torch.tensor([1.0, 1.0 / cond_gram], dtype=F64)))
+
+    # eps32 sqrt(256 / n) kappa(J) against TARGET_ERROR = 1e-6
+    assert not bool(exact_residual_needed(factor(3.3e4), 1_000_000, torch.float32))
+    assert bool(exact_residual_needed(factor(1e6), 100_000, torch.float32))
+    assert not bool(exact_residual_needed(factor(1e12), 100_000, F64))
 
 
 def test_exact_gram_and_exact_matvec_are_float64_accurate_for_float32_data():
