@@ -12,8 +12,11 @@ from typing import IO, Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from .batch import cast_floats, clone_tensors
 from .class_spec import TRUSTED_MODULES, SpecFactory, as_class_spec, check_trusted
@@ -23,7 +26,8 @@ from .callbacks.monitoring import (
     run_hparams, scalar_layout, tag, tensorboard_writers, write_scalars, write_summary, write_text,
 )
 from .metrics.functional import violation_max
-from .stepping import NonFinitePolicy, StepResult, TrainingStepper, check_constraints, check_objective
+from .optim.checks import check_constraints, check_objective
+from .stepping import NonFinitePolicy, StepResult, StepServices, TrainingStepper
 
 
 DEFAULT_OPTIMIZER: dict[str, Any] = {"class_path": "lit_constrained.optim.SQPAdam", "init_args": {}}
@@ -76,8 +80,11 @@ class ConstrainedModule(pl.LightningModule, ABC):
             def constraints(self, batch):
                 return self.net(self.anchor_x).squeeze(-1) - self.anchor_y
 
-    Training uses manual optimization (the step is :class:`~lit_constrained.stepping.TrainingStepper`);
-    any optimizer of :mod:`lit_constrained.optim` or :mod:`torch.optim` works. This base class calls
+    Training uses manual optimization: the step is :class:`~lit_constrained.stepping.TrainingStepper`,
+    which sees this module only as a :class:`~lit_constrained.stepping.ConstrainedTask` and the
+    Trainer only through the :class:`~lit_constrained.stepping.StepServices` the module hands it
+    (optimizer, ``manual_backward``, ``clip_gradients``, the strategy's all-gather, ...).
+    Any optimizer of :mod:`lit_constrained.optim` or :mod:`torch.optim` works. This base class calls
     ``save_hyperparameters()`` (it also captures the subclass's init arguments), so
     ``load_from_checkpoint`` rebuilds the task and its optimizer.
 
@@ -89,14 +96,22 @@ class ConstrainedModule(pl.LightningModule, ABC):
             stored in the hyper-parameters as that plain dict, so ``load_from_checkpoint`` rebuilds it
             from a ``weights_only=True`` load; a lambda or closure is rejected here (it is code, not data).
         lr_scheduler: optional scheduler class and arguments, in the same forms (it receives the
-            optimizer), stepped after every optimizer step.
+            optimizer). A ``ReduceLROnPlateau`` is stepped at the end of every validation during fit,
+            with the validation metric ``lr_scheduler_monitor`` (no validation, no step); every other
+            scheduler after every optimizer step (a skipped non-finite batch does not count), as
+            Lightning's ``"interval": "step"`` (its scheduler config says so, for ``LearningRateMonitor``).
+        lr_scheduler_monitor: the logged validation metric a ``ReduceLROnPlateau`` watches (e.g.
+            ``"val/mse"``); default ``"Objective/val"``, the validation objective. A validation that
+            did not log it stops the fit with an error listing the metrics it did log. Ignored by
+            other schedulers.
         penalty_weight: soft-constraint option: adds ``penalty_weight * mean(c^2)`` to the objective
             (the penalty baseline, off by default).
         on_nonfinite: ``"raise"`` (stop with an error naming the step; no NaN reaches the weights or a
             checkpoint) or ``"skip"`` (skip the batch, identically on every rank).
         max_consecutive_skips: with ``on_nonfinite="skip"``, stop with an error naming the step and the
             non-finite tensor after this many batches in a row were skipped (a persistent NaN).
-        max_grad_norm: clip the objective gradient's norm before the step (use this instead of the
+        max_grad_norm: clip the objective gradient's global 2-norm to this before the step, through
+            Lightning's ``clip_gradients(optimizer, max_grad_norm, "norm")`` (use this instead of the
             Trainer's ``gradient_clip_val``, which manual optimization does not support).
         jacobian_method: ``"auto"`` | ``"batched"`` | ``"loop"`` for the default Jacobian.
         num_threads: ``torch.set_num_threads`` at setup (small problems run faster on 1 thread).
@@ -112,6 +127,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
         max_grad_norm: float | None = None,
         jacobian_method: JacobianMethod = "auto",
         num_threads: int | None = None,
+        lr_scheduler_monitor: str | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -129,6 +145,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
             hparams["optimizer"], hparams["lr_scheduler"] = optimizer_spec, lr_scheduler_spec
         self.jacobian_method = jacobian_method
         self.num_threads = num_threads
+        self.lr_scheduler_monitor = tag(OBJECTIVE, "val") if lr_scheduler_monitor is None else lr_scheduler_monitor
         self.stepper = TrainingStepper(penalty_weight, on_nonfinite, max_grad_norm, max_consecutive_skips)
         self.last_step: StepResult | None = None
 
@@ -205,11 +222,10 @@ class ConstrainedModule(pl.LightningModule, ABC):
                 "bits) cap the constraint violation near 1e-3. Use precision='bf16-mixed' (constraints and "
                 "their Jacobian in float32) or '32-true'."
             )
-        strategy = type(trainer.strategy).__name__
-        if "FSDP" in strategy or "DeepSpeed" in strategy:
+        if isinstance(trainer.strategy, SHARDING_STRATEGIES):
             raise ValueError(
-                f"strategy {strategy} is not supported: sharded parameters break the flat-vector linear "
-                "algebra of the constrained optimizers. Use strategy='ddp'."
+                f"strategy {type(trainer.strategy).__name__} is not supported: sharded parameters break the "
+                "flat-vector linear algebra of the constrained optimizers. Use strategy='ddp'."
             )
         if trainer.gradient_clip_val:
             raise ValueError(
@@ -223,11 +239,52 @@ class ConstrainedModule(pl.LightningModule, ABC):
             )
 
     def configure_optimizers(self) -> Any:
+        """The optimizer, and the LR scheduler if one is set.
+
+        The scheduler config's ``interval`` says when this module steps it (manual optimization leaves
+        that to the module; Lightning's ``LearningRateMonitor`` reads it): ``"step"`` for every
+        scheduler but ``ReduceLROnPlateau``, which is stepped at validation ends and keeps Lightning's
+        default, ``"epoch"`` (the default validation cadence). The monitored metric is
+        :attr:`lr_scheduler_monitor`, not a ``"monitor"`` key: Lightning drops that key in manual
+        optimization."""
         optimizer = self.optimizer_factory(self.parameters())
         if self.lr_scheduler_factory is None:
             return optimizer
         scheduler = self.lr_scheduler_factory(optimizer)
+        if isinstance(scheduler, ReduceLROnPlateau):
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler}}
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _schedulers(self) -> list[Any]:
+        return [config.scheduler for config in self.trainer.lr_scheduler_configs]
+
+    def _step_schedulers(self) -> None:
+        """Every scheduler but ``ReduceLROnPlateau``, after an optimizer step."""
+        for scheduler in self._schedulers():
+            if not isinstance(scheduler, ReduceLROnPlateau):
+                scheduler.step()
+
+    def on_validation_end(self) -> None:
+        """A ``ReduceLROnPlateau`` is stepped here, with the monitored validation metric (during fit;
+        not in the sanity check or a ``trainer.validate``): the metrics logged with ``sync_dist`` are
+        the same on every rank, so the lr stays the same too."""
+        super().on_validation_end()
+        trainer = self.trainer
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return
+        plateaus = [s for s in self._schedulers() if isinstance(s, ReduceLROnPlateau)]
+        if not plateaus:
+            return
+        metrics = trainer.callback_metrics
+        if self.lr_scheduler_monitor not in metrics:
+            logged = ", ".join(sorted(metrics)) or "none"
+            raise KeyError(
+                f"ReduceLROnPlateau monitors {self.lr_scheduler_monitor!r}, which this validation did not "
+                f"log (logged: {logged}). Set the module's lr_scheduler_monitor to one of them."
+            )
+        value = metrics[self.lr_scheduler_monitor]
+        for scheduler in plateaus:
+            scheduler.step(value)
 
     # ----------------------------------------------------------------- logging (what TensorBoard shows)
     # Tag families: see lit_constrained.callbacks.monitoring. Objective/<stage> and Violation/<stage>
@@ -299,8 +356,34 @@ class ConstrainedModule(pl.LightningModule, ABC):
         Lightning ignores with a warning on every fit when a DataModule is used."""
         return cast_floats(batch, self.dtype) if self.cast_batch_to_dtype else batch
 
+    def step_services(self) -> StepServices:
+        """What the step owner gets from Lightning for this step (:class:`~lit_constrained.stepping.StepServices`)."""
+        opt = self.optimizers()
+        if isinstance(opt, list):
+            raise ValueError("ConstrainedModule trains with exactly one optimizer.")
+        trainer = self.trainer
+
+        def clip(max_norm: float) -> None:
+            self.clip_gradients(opt, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
+
+        return StepServices(
+            optimizer=opt.optimizer,
+            optimizer_step=opt.step,  # the LightningOptimizer's: it advances global_step
+            backward=self.manual_backward,
+            clip_gradients=clip,
+            all_gather=trainer.strategy.all_gather,
+            world_size=trainer.world_size,
+            rank=trainer.global_rank,
+            step_index=trainer.global_step,
+            diagnostics=self.is_logging_step(),
+            device=self.device,
+            report=self.print,
+        )
+
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
-        result = self.stepper.step(self, self.prepare_batch(batch))
+        result = self.stepper.step(self, batch, self.step_services())
+        if not result.skipped:
+            self._step_schedulers()
         self.last_step = result
         self._log_step(result)
         return {"objective": result.objective, "constraints": result.constraints}
@@ -500,6 +583,10 @@ class ConstrainedModule(pl.LightningModule, ABC):
         for name, tensor in checkpoint.get("state_dict", {}).items():
             if isinstance(tensor, Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise FloatingPointError(f"Refusing to write a checkpoint: parameter {name!r} holds NaN/inf.")
+
+
+SHARDING_STRATEGIES: tuple[type, ...] = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)
+"""Lightning strategies that shard the parameters (rejected at fit: the optimizers need the whole x)."""
 
 
 def _check_class_paths(checkpoint_path: str | Path | IO, trusted: tuple[str, ...]) -> str | Path | IO:

@@ -1,41 +1,53 @@
-"""The manual-optimization strategy: one training step of a ConstrainedModule, start to end.
+"""The step owner: one training step of a constrained task, start to end, against a narrow interface.
 
 It is not a Lightning ``Strategy`` (those pick the hardware backend: keep ``strategy: auto`` or
-``ddp``). Its step:
+``ddp``), and it never reaches into a Trainer. It sees two things:
 
-1. ``opt = module.optimizers()`` (the LightningOptimizer: stepping it advances ``global_step``);
-2. evaluate ``f = objective(batch)`` and ``c = constraints(batch)``; check their shapes;
+* the task (:class:`ConstrainedTask`: what a task provides): ``prepare_batch``, ``objective``,
+  ``constraints``, ``constraint_jacobian`` and ``constraints_shared`` (a
+  :class:`~lit_constrained.module.ConstrainedModule` is one), and ``named_parameters`` for errors;
+* the services of the loop that runs it (:class:`StepServices`, built by the module at every step from
+  Lightning): the optimizer and the call that steps it, backward, gradient clipping, the all-gather,
+  the world size and rank, the step's index, whether to compute diagnostics, the device, the printer.
+
+Its step:
+
+1. ``batch = task.prepare_batch(batch)``; zero the gradients;
+2. evaluate ``f = objective(batch)`` and ``c = constraints(batch)``; check them
+   (:mod:`lit_constrained.optim.checks`);
 3. the Jacobian of c w.r.t. the optimizer's own parameters, in ``param_groups`` order, only if the
    optimizer's ``requires`` asks for it (``torch.autograd.grad``: no DDP hooks fire); on W ranks
-   with ``module.constraints_shared`` (the same m constraints everywhere) only this rank's balanced
+   with ``task.constraints_shared`` (the same m constraints everywhere) only this rank's balanced
    slice of the rows (:func:`~lit_constrained.distributed.row_slice`);
-4. ``manual_backward(f)`` (DDP averages the gradient);
+4. ``backward(f)`` (DDP averages the gradient); clip its norm if ``max_grad_norm`` is set
+   (``services.clip_gradients``: Lightning's ``clip_gradients``, by norm);
 5. ONE all-gather of [f, c, J rows] (:func:`~lit_constrained.distributed.gather_step`): f becomes
    the rank mean, J is assembled from the slices (shared) or the ranks' rows are stacked (per-rank
    constraints: the union, W m rows). All ranks then step with the same f, c, J: MoMo's step size
    and the SQP projection are identical on every replica, which therefore never drift apart. One
    fused flag (finite f, c, J and gradient; with shared constraints also: the same c on every rank)
    is the step's only host sync;
-6. ``opt.step(closure=lambda: f_mean, **what the optimizer requires)``; the LR schedulers are stepped
-   (manual optimization does not do it);
-7. log the objective, the constraint violation and the optimizer's step diagnostics.
+6. ``optimizer_step(closure=lambda: f_mean, **what the optimizer requires)``.
+
+The module logs the result and steps the LR schedulers (see
+:class:`~lit_constrained.module.ConstrainedModule`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+from torch.optim import Optimizer
 
-from .distributed import gather_step, row_counts, row_slice
+from .distributed import AllGather, gather_step, row_counts, row_slice
+from .optim.checks import check_constraints, check_objective, count_nonfinite
 from .optim.flat import group_params, numel_real
-
-if TYPE_CHECKING:
-    from .module import ConstrainedModule
 
 NonFinitePolicy = Literal["raise", "skip"]
 
@@ -49,41 +61,60 @@ class StepResult:
     skipped: bool = False
 
 
-def check_objective(f: Any, where: str) -> Tensor:
-    if not isinstance(f, Tensor) or f.numel() != 1:
-        shape = tuple(f.shape) if isinstance(f, Tensor) else type(f).__name__
-        raise ValueError(f"{where} must return a scalar tensor, got {shape}.")
-    return f.reshape(())
+@runtime_checkable
+class ConstrainedTask(Protocol):
+    """What a task provides to the step (:class:`~lit_constrained.module.ConstrainedModule` documents
+    each member)."""
+
+    constraints_shared: bool
+
+    def prepare_batch(self, batch: Any) -> Any: ...
+
+    def objective(self, batch: Any) -> Tensor: ...
+
+    def constraints(self, batch: Any) -> Tensor | None: ...
+
+    def constraint_jacobian(self, batch: Any, constraints: Tensor, params: Any, rows: slice | None = None) -> Tensor: ...
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]: ...
 
 
-def check_constraints(c: Any, where: str, expected_m: int | None, need_grad: bool) -> Tensor | None:
-    if c is None:
-        if expected_m not in (None, 0):
-            raise ValueError(f"{where} returned None after returning {expected_m} constraints at earlier steps.")
-        return None
-    if not isinstance(c, Tensor) or c.dim() != 1:
-        shape = tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__
-        raise ValueError(
-            f"{where} must return a 1-D tensor of m residuals (or None), got shape {shape}; "
-            "flatten it (e.g. residual.reshape(-1)) if it is a grid."
-        )
-    if c.is_complex():
-        raise ValueError(
-            f"{where} returned complex residuals (dtype {c.dtype}): a complex constraint c = 0 is two real "
-            "ones, and the constrained optimizers work with real residuals. Return both parts, "
-            "torch.cat([c.real, c.imag]) (2m real rows; both vanish exactly when |c| = 0)."
-        )
-    if expected_m is not None and c.numel() != expected_m:
-        raise ValueError(
-            f"{where} returned {c.numel()} constraints, but {expected_m} at the previous step: the "
-            "constraint set must stay fixed (choose the constraint points once, e.g. in setup())."
-        )
-    if need_grad and not c.requires_grad:
-        raise ValueError(
-            f"{where} returned a tensor without grad (shape {tuple(c.shape)}): compute it from the "
-            "network's output without detaching or torch.no_grad()."
-        )
-    return c
+def _single_process_gather(t: Tensor) -> Tensor:
+    return t.unsqueeze(0)
+
+
+@dataclass(frozen=True)
+class StepServices:
+    """What the loop running a step provides (injected: the step owner knows no Trainer).
+
+    Attributes:
+        optimizer: the optimizer (its ``param_groups``, ``requires``, ``diagnostics``, ``zero_grad``).
+        optimizer_step: steps it, ``optimizer_step(closure=..., **kwargs)`` (in Lightning the
+            LightningOptimizer's ``step``, which also counts the step).
+        backward: back-propagates the loss (``manual_backward``).
+        clip_gradients: scales the gradients so that their global 2-norm is at most the argument
+            (Lightning's ``clip_gradients`` by norm); used only when ``max_grad_norm`` is set.
+        all_gather: ``(L,) -> (W, L)``, every rank's tensor in rank order (the strategy's all-gather).
+        world_size: W, the number of data-parallel ranks.
+        rank: this rank, in [0, W).
+        step_index: the number of optimizer steps taken so far (for messages).
+        diagnostics: whether the optimizer should compute its step diagnostics this step (the steps
+            the logger writes).
+        device: where the parameters live (autocast is switched off there for c and J).
+        report: prints a message once (rank 0), e.g. a skipped batch.
+    """
+
+    optimizer: Optimizer
+    optimizer_step: Callable[..., Any]
+    backward: Callable[[Tensor], Any]
+    clip_gradients: Callable[[float], Any] | None = None
+    all_gather: AllGather = _single_process_gather
+    world_size: int = 1
+    rank: int = 0
+    step_index: int = 0
+    diagnostics: bool = False
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    report: Callable[[str], Any] = print
 
 
 _INCONSISTENT = (
@@ -109,19 +140,19 @@ def _same_on_every_rank(ranks_c: Tensor) -> Tensor:
 _ACCEPTS_ROWS: dict[type, bool] = {}
 
 
-def _jacobian_rows(module: "ConstrainedModule", batch: Any, c: Tensor, params: list[Tensor], rows: slice) -> Tensor:
-    """``module.constraint_jacobian`` for the rows ``rows`` of c.
+def _jacobian_rows(task: ConstrainedTask, batch: Any, c: Tensor, params: list[Tensor], rows: slice) -> Tensor:
+    """``task.constraint_jacobian`` for the rows ``rows`` of c.
 
     An override written before the ``rows`` argument existed (``(batch, constraints, params)``) is
     called for the whole J, which is then sliced (correct, but every rank repeats all m rows)."""
     if rows == slice(0, c.numel()):
-        return module.constraint_jacobian(batch, c, params)
-    kind = type(module)
+        return task.constraint_jacobian(batch, c, params)
+    kind = type(task)
     if kind not in _ACCEPTS_ROWS:
-        _ACCEPTS_ROWS[kind] = "rows" in inspect.signature(module.constraint_jacobian).parameters
+        _ACCEPTS_ROWS[kind] = "rows" in inspect.signature(task.constraint_jacobian).parameters
     if _ACCEPTS_ROWS[kind]:
-        return module.constraint_jacobian(batch, c, params, rows=rows)
-    return module.constraint_jacobian(batch, c, params)[rows]
+        return task.constraint_jacobian(batch, c, params, rows=rows)
+    return task.constraint_jacobian(batch, c, params)[rows]
 
 
 def constraint_precision(device: torch.device) -> contextlib.AbstractContextManager:
@@ -139,7 +170,14 @@ def constraint_precision(device: torch.device) -> contextlib.AbstractContextMana
 
 
 class TrainingStepper:
-    """Owns a training step of a :class:`~lit_constrained.module.ConstrainedModule`."""
+    """Owns a training step of a :class:`ConstrainedTask` (see the module docstring for the step).
+
+    Args:
+        penalty_weight: adds ``penalty_weight * mean(c^2)`` to the objective (the penalty baseline).
+        on_nonfinite: ``"raise"`` or ``"skip"`` a step whose f, c, J or gradient holds NaN/inf.
+        max_grad_norm: clip the objective gradient's global 2-norm to this before the step (None: off).
+        max_consecutive_skips: with ``"skip"``, raise after this many skipped steps in a row.
+    """
 
     def __init__(
         self,
@@ -164,57 +202,55 @@ class TrainingStepper:
         self._last_finite: tuple[int, Tensor, Tensor | None] | None = None
         self.num_constraints: int | None = None
 
-    def step(self, module: "ConstrainedModule", batch: Any) -> StepResult:
-        opt = module.optimizers()
-        if isinstance(opt, list):
-            raise ValueError("ConstrainedModule trains with exactly one optimizer.")
-        raw = opt.optimizer
-        requires = getattr(raw, "requires", frozenset())
-        name = type(module).__name__
-        step_index = module.trainer.global_step
+    def step(self, task: ConstrainedTask, batch: Any, services: StepServices) -> StepResult:
+        """One training step of ``task`` on ``batch`` (as the data loader gave it)."""
+        optimizer = services.optimizer
+        requires = getattr(optimizer, "requires", frozenset())
+        name = type(task).__name__
+        batch = task.prepare_batch(batch)
 
-        opt.zero_grad()
-        f = check_objective(module.objective(batch), f"{name}.objective()")
+        optimizer.zero_grad()
+        f = check_objective(task.objective(batch), f"{name}.objective()")
         need_jacobian = "jacobian" in requires
-        with constraint_precision(module.device):  # c and J in the parameters' dtype, even under AMP
-            c = check_constraints(
-                module.constraints(batch), f"{name}.constraints()", self.num_constraints, need_jacobian
-            )
+        with constraint_precision(services.device):  # c and J in the parameters' dtype, even under AMP
+            c = check_constraints(task.constraints(batch), f"{name}.constraints()", self.num_constraints, need_jacobian)
         self.num_constraints = 0 if c is None else c.numel()
         loss = f
         if self.penalty_weight > 0 and c is not None and c.numel():
             loss = f + self.penalty_weight * c.pow(2).mean()
 
-        params = group_params(raw.param_groups)
-        rows = self._own_rows(module, 0 if c is None else c.numel())
+        params = group_params(optimizer.param_groups)
+        rows = self._own_rows(task, services, 0 if c is None else c.numel())
         J = None
         if need_jacobian and c is not None:
-            with constraint_precision(module.device):
-                J = _jacobian_rows(module, batch, c, params, rows)
+            with constraint_precision(services.device):
+                J = _jacobian_rows(task, batch, c, params, rows)
             expected = (rows.stop - rows.start, numel_real(params))
             if tuple(J.shape) != expected:
                 raise ValueError(
                     f"{name}.constraint_jacobian() returned shape {tuple(J.shape)}, expected {expected} "
                     f"(rows {rows.start}:{rows.stop} of the {c.numel()} constraints)."
                 )
-        module.manual_backward(loss)
+        services.backward(loss)
         if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            if services.clip_gradients is None:
+                raise ValueError("max_grad_norm is set, but the step was given no clip_gradients service.")
+            services.clip_gradients(self.max_grad_norm)
 
-        loss_mean, c_mean, J_mean, consistent = self._reduce(module, loss, c, J)
+        loss_mean, c_mean, J_mean, consistent = self._reduce(task, services, loss, c, J)
         healthy = self._all_finite(loss_mean, c_mean, J_mean, params)
         if consistent is not None:
             healthy = healthy & consistent
         if not bool(healthy):  # the step's one host sync
             if consistent is not None and not bool(consistent):
-                raise ValueError(_INCONSISTENT.format(name=name, step=step_index))
-            report = self._nonfinite_report(module, step_index, loss_mean, c_mean, J_mean, params)
+                raise ValueError(_INCONSISTENT.format(name=name, step=services.step_index))
+            report = self._nonfinite_report(task, services.step_index, loss_mean, c_mean, J_mean, params)
             if self.on_nonfinite == "raise":
                 raise FloatingPointError(
                     f"{report} Lower the learning rate, check the data, or set on_nonfinite='skip' to skip "
                     "such batches."
                 )
-            opt.zero_grad()
+            optimizer.zero_grad()
             self.consecutive_skips += 1
             if self.consecutive_skips >= self.max_consecutive_skips:
                 raise FloatingPointError(
@@ -223,40 +259,33 @@ class TrainingStepper:
                     "skipping cannot recover. Lower the learning rate, check the data, or resume from an "
                     "earlier checkpoint."
                 )
-            module.print(f"{report} Skipped ({self.consecutive_skips} in a row).")
+            services.report(f"{report} Skipped ({self.consecutive_skips} in a row).")
             return StepResult(loss_mean, c_mean, skipped=True)
         self.consecutive_skips = 0
-        self._last_finite = (step_index, loss_mean, c_mean)
+        self._last_finite = (services.step_index, loss_mean, c_mean)
 
         kwargs: dict[str, Any] = {}
         if "constraints" in requires:
             kwargs["constraints"] = c_mean
         if need_jacobian:
             kwargs["jacobian"] = J_mean
-        if isinstance(getattr(raw, "diagnostics", None), dict):
-            # the package's optimizers compute their diagnostics only on the steps the module logs
-            logging_step = getattr(module, "is_logging_step", None)
-            if logging_step is not None:
-                kwargs["diagnostics"] = bool(logging_step())
-            else:
-                every = module.trainer.log_every_n_steps
-                kwargs["diagnostics"] = bool(every) and (module.trainer.global_step + 1) % every == 0
-        opt.step(closure=lambda: loss_mean, **kwargs)
-        self._step_schedulers(module, loss_mean)
+        if isinstance(getattr(optimizer, "diagnostics", None), dict):
+            # the package's optimizers compute their diagnostics only on the steps asked for
+            kwargs["diagnostics"] = bool(services.diagnostics)
+        services.optimizer_step(closure=lambda: loss_mean, **kwargs)
         return StepResult(loss_mean, c_mean)
 
     @staticmethod
-    def _own_rows(module: "ConstrainedModule", m: int) -> slice:
+    def _own_rows(task: ConstrainedTask, services: StepServices, m: int) -> slice:
         """The rows of J this rank differentiates: its balanced share when the constraints are the
-        same on every rank (``module.constraints_shared``), else all of its own m rows."""
-        trainer = module.trainer
-        if trainer.world_size > 1 and module.constraints_shared:
-            return row_slice(m, trainer.world_size, trainer.global_rank)
+        same on every rank (``task.constraints_shared``), else all of its own m rows."""
+        if services.world_size > 1 and task.constraints_shared:
+            return row_slice(m, services.world_size, services.rank)
         return slice(0, m)
 
     @staticmethod
     def _reduce(
-        module: "ConstrainedModule", f: Tensor, c: Tensor | None, J: Tensor | None
+        task: ConstrainedTask, services: StepServices, f: Tensor, c: Tensor | None, J: Tensor | None
     ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
         """ONE collective per step (none on one process): an all-gather of [f, c, J rows].
 
@@ -270,20 +299,18 @@ class TrainingStepper:
         f = f.detach()
         c = None if c is None else c.detach()
         J = None if J is None else J.detach()
-        trainer = module.trainer
-        world_size = trainer.world_size
+        world_size = services.world_size
         if world_size == 1:
             return f, c, J, None
         m = 0 if c is None else c.numel()
-        all_gather = trainer.strategy.all_gather
-        if module.constraints_shared:
+        if task.constraints_shared:
             # every rank sends its whole c (m numbers) and its slice of J
-            out = gather_step(all_gather, world_size, f, c, [m] * world_size, J, row_counts(m, world_size))
+            out = gather_step(services.all_gather, world_size, f, c, [m] * world_size, J, row_counts(m, world_size))
             if out.constraints is None:
                 return out.objective, None, out.jacobian, None
             ranks_c = out.constraints.reshape(world_size, m)
             return out.objective, ranks_c[0], out.jacobian, _same_on_every_rank(ranks_c)
-        out = gather_step(all_gather, world_size, f, c, [m] * world_size, J, [m] * world_size)
+        out = gather_step(services.all_gather, world_size, f, c, [m] * world_size, J, [m] * world_size)
         return out.objective, out.constraints, out.jacobian, None
 
     @staticmethod
@@ -297,7 +324,7 @@ class TrainingStepper:
 
     def _nonfinite_report(
         self,
-        module: "ConstrainedModule",
+        task: ConstrainedTask,
         step_index: int,
         f: Tensor,
         c: Tensor | None,
@@ -308,12 +335,13 @@ class TrainingStepper:
         (computed only on the failure path: it syncs once per tensor)."""
         bad: list[str] = []
         for label, tensor in (("objective f", f), ("constraints c", c), ("Jacobian J", J)):
-            if tensor is not None and not bool(torch.isfinite(tensor).all()):
-                count = int((~torch.isfinite(tensor)).sum())
-                bad.append(f"{label} ({count} of {tensor.numel()} entries)")
-        names = {id(p): n for n, p in module.named_parameters()}
+            if tensor is not None:
+                count = count_nonfinite(tensor)
+                if count:
+                    bad.append(f"{label} ({count} of {tensor.numel()} entries)")
+        names = {id(p): n for n, p in task.named_parameters()}
         grads = [names.get(id(p), f"param[{i}]") for i, p in enumerate(params)
-                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+                 if p.grad is not None and count_nonfinite(p.grad)]
         if grads:
             shown = ", ".join(grads[:5]) + (f" and {len(grads) - 5} more" if len(grads) > 5 else "")
             bad.append(f"the gradient of {shown}")
@@ -326,14 +354,3 @@ class TrainingStepper:
             if c_last is not None and c_last.numel():
                 last += f", max|c|={float(c_last.abs().max()):.6g}"
         return f"Non-finite values at step {step_index}: {what} ({last})."
-
-    @staticmethod
-    def _step_schedulers(module: "ConstrainedModule", f_mean: Tensor) -> None:
-        schedulers = module.lr_schedulers()
-        if schedulers is None:
-            return
-        for scheduler in schedulers if isinstance(schedulers, list) else [schedulers]:
-            if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                scheduler.step(f_mean)
-            else:
-                scheduler.step()

@@ -144,13 +144,28 @@ def test_fp16_precision_is_rejected(precision):
         model._check_trainer(fake)
 
 
-def test_fsdp_is_rejected():
+def _trainer_with(strategy: Any) -> Any:
     from types import SimpleNamespace
 
-    FSDPStrategy = type("FSDPStrategy", (), {})
-    fake = SimpleNamespace(precision="32-true", strategy=FSDPStrategy(), gradient_clip_val=None, accumulate_grad_batches=1)
-    with pytest.raises(ValueError, match="strategy='ddp'"):
-        CurveFit()._check_trainer(fake)
+    return SimpleNamespace(precision="32-true", strategy=strategy, gradient_clip_val=None, accumulate_grad_batches=1)
+
+
+def test_sharding_strategies_are_rejected_by_class():
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+
+    # DeepSpeedStrategy() needs deepspeed installed: an instance without __init__ is still one
+    for strategy in (FSDPStrategy(), ModelParallelStrategy(), object.__new__(DeepSpeedStrategy)):
+        with pytest.raises(ValueError, match=rf"strategy {type(strategy).__name__} .*strategy='ddp'"):
+            CurveFit()._check_trainer(_trainer_with(strategy))
+
+
+def test_a_user_strategy_with_a_sharding_name_is_not_rejected():
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    MyFSDPish = type("MyFSDPish", (SingleDeviceStrategy,), {})
+    DeepSpeedLike = type("DeepSpeedLike", (), {})
+    for strategy in (MyFSDPish(device=torch.device("cpu")), DeepSpeedLike()):
+        CurveFit()._check_trainer(_trainer_with(strategy))  # no error
 
 
 @pytest.mark.parametrize(

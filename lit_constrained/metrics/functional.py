@@ -17,6 +17,10 @@ import math
 import torch
 from torch import Tensor
 
+from ..optim.checks import check_residual_tensor
+
+_check_constraints = check_residual_tensor  # the metrics' input check (one copy, in optim/checks.py)
+
 __all__ = [
     "check_norm_order",
     "reference_norm",
@@ -29,19 +33,9 @@ __all__ = [
 ]
 
 
-def _check_constraints(constraints: Tensor) -> Tensor:
-    """Return ``constraints`` unchanged if it is a tensor, else raise a ``ValueError`` that says what to pass."""
-    if not isinstance(constraints, Tensor):
-        raise ValueError(
-            f"constraints must be a torch.Tensor of residuals, got {type(constraints).__name__}. "
-            "Pass the tensor returned by the task's `constraints(batch)` (skip the update when it is None)."
-        )
-    return constraints
-
-
 def _abs_flat(constraints: Tensor) -> Tensor:
     """Validate ``constraints`` and return ``|c|`` as a flat real floating-point vector."""
-    c = _check_constraints(constraints).reshape(-1)
+    c = check_residual_tensor(constraints).reshape(-1)
     if not (c.is_floating_point() or c.is_complex()):
         c = c.to(torch.get_default_dtype())
     return c.abs()

@@ -1,4 +1,16 @@
-"""Input validation shared by the optimizers: clear ``ValueError``s that say what to fix."""
+"""Input validation: clear ``ValueError``s that say what to fix.
+
+The one home of the package's checks (pure PyTorch: the Lightning layer imports them from here):
+
+* the optimizers' hyper-parameters (:func:`check_lr`, :func:`check_betas`, :func:`check_shared_keys`, ...);
+* the constraint values a task returns, as the step owner and the evaluation see them
+  (:func:`check_objective`, :func:`check_constraints`: a 1-D real residual vector c, with grad when the
+  Jacobian is needed, of a size m that does not change from step to step);
+* the ``constraints=`` / ``jacobian=`` arguments of a hard-constrained optimizer's step
+  (:func:`check_constraint_inputs`, :func:`prepared_constraint_inputs`);
+* the residuals a violation metric is updated with (:func:`check_residual_tensor`);
+* finiteness (:func:`all_finite`, :func:`check_finite`, :func:`count_nonfinite`).
+"""
 
 from __future__ import annotations
 
@@ -44,10 +56,15 @@ def all_finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
+def count_nonfinite(t: Tensor) -> int:
+    """How many entries of ``t`` are NaN or inf (a host sync: for error messages only)."""
+    return int((~torch.isfinite(t)).sum())
+
+
 def check_finite(name: str, t: Tensor) -> None:
     """Raise if ``t`` holds NaN or inf, naming the quantity."""
     if not all_finite(t):
-        bad = int((~torch.isfinite(t)).sum())
+        bad = count_nonfinite(t)
         raise ValueError(
             f"{name} contains {bad} non-finite value(s) (NaN or inf); the step was not taken. "
             "Check the loss/constraints at this point (a diverging run or a bad batch)."
@@ -68,16 +85,80 @@ def check_shared_keys(owner: str, param_groups: Sequence[Mapping[str, Any]], key
                 )
 
 
+def shape_of(value: Any) -> tuple[int, ...] | str:
+    """``value``'s shape if it is a tensor, else its type's name (for error messages)."""
+    return tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+
+
+def _reject_complex(c: Tensor, subject: str) -> None:
+    """Raise if the residuals are complex: a complex c = 0 is two real constraints."""
+    if c.is_complex():
+        raise ValueError(
+            f"{subject} complex residuals (dtype {c.dtype}): a complex constraint c = 0 is two real "
+            "ones, and the constrained optimizers work with real residuals. Return both parts, "
+            "torch.cat([c.real, c.imag]) (2m real rows; both vanish exactly when |c| = 0)."
+        )
+
+
+def check_objective(f: Any, where: str) -> Tensor:
+    """The objective a task returned (``where`` names the hook) as a 0-dim tensor; raises unless it
+    is a tensor of one element."""
+    if not isinstance(f, Tensor) or f.numel() != 1:
+        raise ValueError(f"{where} must return a scalar tensor, got {shape_of(f)}.")
+    return f.reshape(())
+
+
+def check_constraints(c: Any, where: str, expected_m: int | None = None, need_grad: bool = False) -> Tensor | None:
+    """The residuals c a task returned (``where`` names the hook, e.g. ``"Task.constraints()"``).
+
+    Accepted: None (no constraints) or a 1-D real tensor of m residuals. ``expected_m``: the m of the
+    previous step (the constraint set must stay fixed; None: no previous step); ``need_grad``: c must
+    carry an autograd graph (the optimizer differentiates it). Returns c unchanged.
+    """
+    if c is None:
+        if expected_m not in (None, 0):
+            raise ValueError(f"{where} returned None after returning {expected_m} constraints at earlier steps.")
+        return None
+    if not isinstance(c, Tensor) or c.dim() != 1:
+        raise ValueError(
+            f"{where} must return a 1-D tensor of m residuals (or None), got shape {shape_of(c)}; "
+            "flatten it (e.g. residual.reshape(-1)) if it is a grid."
+        )
+    _reject_complex(c, f"{where} returned")
+    if expected_m is not None and c.numel() != expected_m:
+        raise ValueError(
+            f"{where} returned {c.numel()} constraints, but {expected_m} at the previous step: the "
+            "constraint set must stay fixed (choose the constraint points once, e.g. in setup())."
+        )
+    if need_grad and not c.requires_grad:
+        raise ValueError(
+            f"{where} returned a tensor without grad (shape {tuple(c.shape)}): compute it from the "
+            "network's output without detaching or torch.no_grad()."
+        )
+    return c
+
+
+def check_residual_tensor(constraints: Any) -> Tensor:
+    """The residuals a violation metric is given (any shape): ``constraints`` unchanged if it is a
+    tensor, else a ``ValueError`` that says what to pass."""
+    if not isinstance(constraints, Tensor):
+        raise ValueError(
+            f"constraints must be a torch.Tensor of residuals, got {type(constraints).__name__}. "
+            "Pass the tensor returned by the task's `constraints(batch)` (skip the update when it is None)."
+        )
+    return constraints
+
+
 def check_constraint_inputs(owner: str, constraints: Tensor | None, jacobian: Tensor | None, n: int) -> int:
-    """Validate the ``constraints=`` (c, shape (m,)) and ``jacobian=`` (J, shape (m, n)) step arguments
-    of a hard-constrained optimizer; returns m (0 when both are absent)."""
+    """Validate the ``constraints=`` (c, shape (m,), real) and ``jacobian=`` (J, shape (m, n)) step
+    arguments of a hard-constrained optimizer; returns m (0 when both are absent)."""
     if constraints is None:
         if jacobian is not None and jacobian.numel():
             raise ValueError("A jacobian was given without constraints; pass both (or neither for m = 0).")
         return 0
     if not isinstance(constraints, Tensor) or constraints.dim() != 1:
-        shape = tuple(constraints.shape) if isinstance(constraints, Tensor) else type(constraints).__name__
-        raise ValueError(f"constraints must be a 1-D tensor of m residuals, got shape {shape}.")
+        raise ValueError(f"constraints must be a 1-D tensor of m residuals, got shape {shape_of(constraints)}.")
+    _reject_complex(constraints, f"{owner} was given")
     m = constraints.numel()
     if jacobian is None:
         raise ValueError(f"{owner} requires jacobian= (shape ({m}, {n})) with the constraints.")
@@ -88,6 +169,29 @@ def check_constraint_inputs(owner: str, constraints: Tensor | None, jacobian: Te
             "(complex parameters as view_as_real)."
         )
     return m
+
+
+def prepared_constraint_inputs(
+    owner: str,
+    constraints: Tensor | None,
+    jacobian: Tensor | None,
+    n: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    jacobian_buffer: Callable[[int], Tensor],
+) -> tuple[Tensor, Tensor]:
+    """The validated step arguments (:func:`check_constraint_inputs`) in the form the optimizers compute
+    with: c detached in float64, shape (m,); J detached, shape (m, n), contiguous, in ``dtype`` on
+    ``device`` (copied into ``jacobian_buffer(m)``, an (m, n) tensor the caller may reuse, only when
+    it is not so already). m = 0 (no constraints): empty tensors of those dtypes."""
+    m = check_constraint_inputs(owner, constraints, jacobian, n)
+    if constraints is None or jacobian is None:
+        return torch.zeros(0, dtype=torch.float64, device=device), torch.zeros(0, n, dtype=dtype, device=device)
+    c = constraints.detach().to(torch.float64)
+    J = jacobian.detach()
+    if J.dtype != dtype or not J.is_contiguous() or J.device != device:
+        J = jacobian_buffer(m).copy_(J)
+    return c, J
 
 
 def loss_from_closure(owner: str, closure: Callable[[], Any] | None, call: str) -> tuple[Any, Tensor]:
