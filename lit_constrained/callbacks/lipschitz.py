@@ -8,8 +8,7 @@ into the optimizers with :func:`lit_constrained.optim.lr_setting.set_lr`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
@@ -23,7 +22,7 @@ from torch import Tensor
 from lit_constrained.batch import as_task_sees_it
 from lit_constrained.optim.constant_step_adam import ConstantStepAdam
 from lit_constrained.optim.lipschitz import (
-    constant_step_size, estimate_lipschitz, parameters_without_reset, reset_all_parameters,
+    check_estimate_settings, constant_step_size, estimate_lipschitz, parameters_without_reset, reset_all_parameters,
 )
 from lit_constrained.optim.lr_setting import set_lr
 
@@ -34,29 +33,27 @@ Sampler = Callable[[LightningModule], None]
 
 
 class LipschitzEstimator(Callback):
-    r"""In ``on_train_start`` (optimizers built, no step taken) set :math:`\alpha = \sqrt{2 \mathcal{L}(w_0) / (\hat L T)}`.
+    r"""Set :math:`\alpha = \sqrt{2 \mathcal{L}(w_0) / (\hat L T)}` in ``on_train_start`` (optimizers built, no step yet).
 
-    :math:`\mathcal{L}(w_0)` and :math:`\hat L` come from
-    :func:`~lit_constrained.optim.lipschitz.estimate_lipschitz` over one pass of the training batches
-    (at most ``max_batches``), each weighted by its size (Lightning's ``extract_batch_size``; 1 for a
-    batch without a tensor); under DDP over all ranks' batches. The loss is ``objective(batch)`` alone:
-    a ``ConstrainedModule``'s constraints and penalty are not part of it. :math:`T` =
-    ``trainer.estimated_stepping_batches``. Gradients are taken with respect to the optimizers'
-    parameters. Afterwards weights, buffers, ``.grad``, the optimizer state, the global RNGs
-    (``isolate_rng``) and the training loader (its own generators and, when it has one, its
-    ``state_dict``) are as before, so training sees the batches it would see without the callback.
+    :math:`\mathcal{L}(w_0)` and :math:`\hat L` come from :func:`~lit_constrained.optim.lipschitz.estimate_lipschitz`
+    (the math and its caveat are there) over the training batches, each weighted by its size
+    (``extract_batch_size``; 1 without a tensor), under DDP over all ranks' batches; the loss is
+    ``objective(batch)`` alone (no constraints, no penalty) and the gradients are taken with respect to the
+    optimizers' parameters; :math:`T` = ``trainer.estimated_stepping_batches``. Weights, buffers, ``.grad``,
+    optimizer state, global RNGs and the training loader (its generators, its ``state_dict``) are left as
+    found, so training sees the batches it would see without the callback.
 
-    :math:`\alpha` goes into every group of a ``ConstantStepAdam`` and every group whose ``lr`` is
-    ``None``; with ``apply_to_any_optimizer=True``, into every group. A scheduler on such an optimizer
-    gets :math:`\alpha` as its base lr and keeps its factor (a warning: the paper's step is constant);
-    writing nowhere warns. Resuming restores the numbers and the lr from the checkpoint; no estimate.
+    :math:`\alpha` goes into every group of a ``ConstantStepAdam`` and every group whose ``lr`` is ``None``
+    (every group with ``apply_to_any_optimizer=True``), through :func:`~lit_constrained.optim.lr_setting.set_lr`:
+    a scheduler keeps its factor and gets :math:`\alpha` as base lr (with a warning: the paper's step is
+    constant). Writing nowhere warns. A resumed fit restores the numbers and the lr; it does not re-estimate.
 
     Args:
         num_samples: :math:`N`, the number of weight samples.
         mode: ``"full"`` (Algorithm 2) or ``"minibatch"`` (Algorithm 3).
         max_batches: use only the first ``max_batches`` training batches of each pass (``None``: all).
-        seed: seed of the weight draws (see ``estimate_lipschitz``); ``None`` draws one from torch's
-            RNG on rank 0 after the :math:`\mathcal{L}(w_0)` pass and broadcasts it.
+        seed: seed of the weight draws; ``None`` draws one from torch's RNG on rank 0 (after the
+            :math:`\mathcal{L}(w_0)` pass) and broadcasts it.
         sampler: ``sampler(pl_module) -> None`` re-initializes the weights *in place*; default
             :func:`reset_all_parameters` (each submodule's ``reset_parameters``).
         loss_fn: ``loss_fn(pl_module, batch) -> scalar`` for a module without ``objective(batch)``.
@@ -77,14 +74,7 @@ class LipschitzEstimator(Callback):
         apply_to_any_optimizer: bool = False,
     ) -> None:
         super().__init__()
-        if not _is_int(num_samples) or num_samples < 1:
-            raise ValueError(f"Invalid num_samples={num_samples!r}: it must be an integer >= 1.")
-        if mode not in ("full", "minibatch"):
-            raise ValueError(f"Invalid mode={mode!r}: use 'full' (Algorithm 2) or 'minibatch' (Algorithm 3).")
-        if max_batches is not None and (not _is_int(max_batches) or max_batches < 1):
-            raise ValueError(f"Invalid max_batches={max_batches!r}: it must be None or an integer >= 1.")
-        if seed is not None and not _is_int(seed):
-            raise ValueError(f"Invalid seed={seed!r}: it must be None or an integer.")
+        check_estimate_settings(num_samples, mode, max_batches, seed)
         if sampler is not None and not callable(sampler):
             raise ValueError("sampler must be a callable sampler(pl_module) -> None that re-initializes in place.")
         if loss_fn is not None and not callable(loss_fn):
@@ -96,7 +86,7 @@ class LipschitzEstimator(Callback):
         self.total_steps: int | None = None
         self.lr: float | None = None
         self.sample_norms: list[float] = []
-        self._restored = False
+        self._restored = False  # set by load_state_dict: the next fit keeps the checkpoint's lr
 
     @property
     def state_key(self) -> str:
@@ -118,11 +108,19 @@ class LipschitzEstimator(Callback):
             rank_zero_info(f"LipschitzEstimator: resumed from a checkpoint, keeping lr={self.lr} "
                            f"(L_hat={self.lipschitz}, L(w0)={self.initial_loss}, T={self.total_steps}).")
             return
-        strategy, device = trainer.strategy, trainer.strategy.root_device
+        strategy, device, loader = trainer.strategy, trainer.strategy.root_device, trainer.train_dataloader
         loss_fn = self._loss_fn(pl_module)
-        total_steps = _total_steps(trainer)
+        total_steps = trainer.estimated_stepping_batches
+        if not (math.isfinite(total_steps) and total_steps >= 1):
+            raise ValueError(
+                f"LipschitzEstimator: alpha = sqrt(2 L(w0) / (L_hat T)) needs a finite T >= 1; the run has "
+                f"T={total_steps} (infinite: max_steps=-1 and no max_epochs, or an infinite dataloader). "
+                "Set max_steps or max_epochs on the Trainer."
+            )
+        total_steps = int(total_steps)
+        if loader is None or isinstance(loader, (Mapping, list, tuple)):
+            raise ValueError("LipschitzEstimator needs one training DataLoader; return one from train_dataloader().")
         params = [p for opt in trainer.optimizers for g in opt.param_groups for p in g["params"]]
-        loader = _single_loader(trainer)
         max_batches = self._batches_per_pass(trainer, loader)
         sampler = self.sampler if self.sampler is not None else _default_sampler(pl_module)
 
@@ -135,14 +133,15 @@ class LipschitzEstimator(Callback):
                 return self.seed
             return int(strategy.broadcast(int(torch.randint(0, 2**31 - 1, (1,)).item()), src=0))
 
-        with isolate_rng(include_cuda=torch.cuda.is_initialized()), _loader_left_as_found(loader):
+        with isolate_rng(include_cuda=torch.cuda.is_initialized()):
             estimate = estimate_lipschitz(
-                pl_module, loss, _OnDevice(loader, trainer), sampler, lambda t: strategy.reduce(t, reduce_op="mean"),
-                seed=seed, batch_size=_batch_size, num_samples=self.num_samples, mode=self.mode,
-                max_batches=max_batches, params=params or None, device=device,
+                pl_module, loss, loader, sampler, lambda t: strategy.reduce(t, reduce_op="mean"), seed=seed,
+                batch_size=_batch_size, prepare=lambda batch: strategy.batch_to_device(batch, device),
+                num_samples=self.num_samples, mode=self.mode, max_batches=max_batches, params=params or None,
+                device=device,
             )
-        self.lipschitz, self.initial_loss, self.sample_norms = estimate.lipschitz, estimate.initial_loss, estimate.sample_norms
-        self.total_steps = total_steps
+        self.lipschitz, self.initial_loss, self.total_steps = estimate.lipschitz, estimate.initial_loss, total_steps
+        self.sample_norms = estimate.sample_norms
         self.lr = constant_step_size(self.initial_loss, self.lipschitz, total_steps)
         self._apply_lr(trainer, self.lr)
         metrics = {"lipschitz/L_hat": self.lipschitz, "lipschitz/initial_loss": self.initial_loss,
@@ -176,11 +175,8 @@ class LipschitzEstimator(Callback):
                 raise ValueError("LipschitzEstimator: the training dataloader has no length; under DDP pass "
                                  "max_batches so that every rank evaluates the same number of batches.")
             return None
-        device = trainer.strategy.root_device
-        count = float(trainer.strategy.reduce(torch.tensor(count, dtype=torch.float64, device=device), reduce_op="min"))
-        if count < 1:
-            raise ValueError("LipschitzEstimator: the training dataloader is empty.")
-        return int(count)
+        count_on_rank = torch.tensor(count, dtype=torch.float64, device=trainer.strategy.root_device)
+        return int(trainer.strategy.reduce(count_on_rank, reduce_op="min"))  # 0: estimate_lipschitz says so
 
     def _apply_lr(self, trainer: Trainer, lr: float) -> None:
         written = 0
@@ -201,66 +197,11 @@ class LipschitzEstimator(Callback):
             )
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-class _OnDevice:
-    """The loader's batches moved by the strategy (with the module's transfer hooks), once per iteration."""
-
-    def __init__(self, loader: Any, trainer: Trainer) -> None:
-        self.loader, self.strategy = loader, trainer.strategy
-
-    def __iter__(self) -> Iterator[Any]:
-        return (self.strategy.batch_to_device(batch, self.strategy.root_device) for batch in self.loader)
-
-
 def _batch_size(batch: Any) -> float:
     try:
         return float(extract_batch_size(batch))
     except MisconfigurationException:  # no tensor in the batch
         return 1.0
-
-
-@contextmanager
-def _loader_left_as_found(loader: Any) -> Iterator[None]:
-    """Put back the generators the loader, its sampler and batch sampler own, and a stateful loader's state."""
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    owners = (loader, getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None))
-    generators = {id(v): v for o in owners for v in getattr(o, "__dict__", {}).values() if isinstance(v, torch.Generator)}
-    saved = [(g, g.get_state()) for g in generators.values()]
-    stateful = callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
-    state = loader.state_dict() if stateful else None
-    try:
-        yield
-    finally:
-        for g, s in saved:
-            g.set_state(s)
-        if stateful:
-            loader.load_state_dict(state)
-
-
-def _total_steps(trainer: Trainer) -> int:
-    total = trainer.estimated_stepping_batches
-    if not math.isfinite(total):
-        raise ValueError(
-            "LipschitzEstimator: the total number of steps T is infinite (max_steps=-1 and no max_epochs, "
-            "or an infinite dataloader), but alpha = sqrt(2 L(w0) / (L_hat T)) needs a finite T. "
-            "Set max_steps or max_epochs on the Trainer."
-        )
-    if int(total) < 1:
-        raise ValueError(f"LipschitzEstimator: the run has T={int(total)} steps; alpha needs T >= 1.")
-    return int(total)
-
-
-def _single_loader(trainer: Trainer) -> Any:
-    loader = trainer.train_dataloader
-    if loader is None:
-        raise ValueError("LipschitzEstimator: the trainer has no training dataloader.")
-    if isinstance(loader, (Mapping, list, tuple)):
-        raise ValueError("LipschitzEstimator supports a single training dataloader; got a collection of "
-                         f"{len(loader)}. Return one DataLoader from train_dataloader().")
-    return loader
 
 
 def _default_sampler(pl_module: LightningModule) -> Sampler:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,7 +35,8 @@ from torch import Tensor, nn
 from .flat import block_sizes, gather
 
 __all__ = [
-    "LipschitzEstimate", "constant_step_size", "estimate_lipschitz", "parameters_without_reset", "reset_all_parameters",
+    "LipschitzEstimate", "check_estimate_settings", "constant_step_size", "estimate_lipschitz",
+    "parameters_without_reset", "reset_all_parameters",
 ]
 
 Loss = Callable[[Any], Tensor]
@@ -90,6 +92,21 @@ def constant_step_size(initial_loss: float, lipschitz: float, total_steps: int) 
     return math.sqrt(2.0 * initial_loss / (lipschitz * total_steps))
 
 
+def check_estimate_settings(num_samples: int, mode: str, max_batches: int | None, seed: int | None) -> None:
+    """Raise a ``ValueError`` naming the first of :func:`estimate_lipschitz`'s settings that is invalid."""
+    def is_int(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not is_int(num_samples) or num_samples < 1:
+        raise ValueError(f"Invalid num_samples={num_samples!r}: it must be an integer >= 1.")
+    if mode not in ("full", "minibatch"):
+        raise ValueError(f"Invalid mode={mode!r}: use 'full' (Algorithm 2) or 'minibatch' (Algorithm 3).")
+    if max_batches is not None and (not is_int(max_batches) or max_batches < 1):
+        raise ValueError(f"Invalid max_batches={max_batches!r}: it must be None or an integer >= 1.")
+    if seed is not None and not is_int(seed):
+        raise ValueError(f"Invalid seed={seed!r}: it must be None or an integer.")
+
+
 def estimate_lipschitz(
     model: nn.Module,
     loss: Loss,
@@ -99,6 +116,7 @@ def estimate_lipschitz(
     *,
     seed: int | Callable[[], int],
     batch_size: Callable[[Any], float],
+    prepare: Callable[[Any], Any] | None = None,
     num_samples: int = 10,
     mode: Literal["full", "minibatch"] = "full",
     max_batches: int | None = None,
@@ -143,8 +161,10 @@ def estimate_lipschitz(
     row right after seeding all of them with ``seed``, and the gradient passes in between continue a
     stream seeded with ``seed + 1``, so what the passes consume (dropout, shuffling) does not move
     the draws. The global RNGs are left re-seeded: wrap the call in ``torch.random.fork_rng`` or
-    Lightning's ``isolate_rng`` to keep the caller's streams. Generators a data loader owns are not
-    touched here; the loader's own iteration advances them.
+    Lightning's ``isolate_rng`` to keep the caller's streams. The generators ``batches`` owns (a
+    ``DataLoader``'s ``generator``, those of its sampler and batch sampler) are put back where they
+    were, and so is the state of a loader with ``state_dict`` / ``load_state_dict``: iterating after
+    the estimate gives the batches it would have given without it.
 
     Args:
         model: the module whose weights the sampler re-draws.
@@ -156,7 +176,8 @@ def estimate_lipschitz(
         reduce: the mean over ranks of a float64 tensor (``None``: one process).
         seed: seed of the weight draws (the same on every rank), or a function returning it, called
             once after the :math:`\mathcal{L}(w_0)` pass.
-        batch_size: ``batch_size(batch) -> b_j``, the weight of a batch.
+        batch_size: ``batch_size(batch) -> b_j``, the weight of a (prepared) batch.
+        prepare: applied to each batch first (e.g. the move to the device); ``None``: none.
         num_samples: :math:`N`.
         mode: ``"full"`` (Algorithm 2) or ``"minibatch"`` (Algorithm 3).
         max_batches: use only the first ``max_batches`` batches of each pass (``None``: all).
@@ -169,16 +190,16 @@ def estimate_lipschitz(
             ``Parameter`` objects, a loss that is not a scalar or does not depend on ``params``, no
             batch.
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"estimate_lipschitz: num_samples={num_samples!r} must be an integer >= 1.")
-    if mode not in ("full", "minibatch"):
-        raise ValueError(f"estimate_lipschitz: mode={mode!r}; use 'full' (Algorithm 2) or 'minibatch' (Algorithm 3).")
+    if seed is None:
+        raise ValueError("estimate_lipschitz: seed must be an integer or a function returning one, not None.")
+    check_estimate_settings(num_samples, mode, max_batches, None if callable(seed) else seed)
     params = _unique(p for p in (model.parameters() if params is None else params) if p.requires_grad)
     if not params:
         raise ValueError("estimate_lipschitz: there are no trainable parameters to estimate a gradient norm on.")
-    pass_ = _Pass(loss, batches, params, batch_size, reduce, max_batches, torch.device(device or params[0].device))
-    snapshot = [(t, t.detach().clone()) for t in _unique(itertools.chain(model.parameters(), model.buffers(), params))]
-    try:
+    device = torch.device(device or params[0].device)
+    pass_ = _Pass(loss, batches, prepare, params, batch_size, reduce, max_batches, device)
+    weights = _unique(itertools.chain(model.parameters(), model.buffers(), params))
+    with _tensors_put_back(weights), _loader_left_as_found(batches):
         initial_loss, _ = pass_.run(grads=False, minibatch=False)
         if not (math.isfinite(initial_loss) and initial_loss > 0):
             raise ValueError(
@@ -200,10 +221,6 @@ def estimate_lipschitz(
                 )
             with passes:
                 norms.append(pass_.run(grads=True, minibatch=mode == "minibatch")[1])
-    finally:
-        with torch.no_grad():
-            for t, saved in snapshot:
-                t.copy_(saved)
     lipschitz = max(norms)
     if not (math.isfinite(lipschitz) and lipschitz > 0):
         raise ValueError(
@@ -221,6 +238,7 @@ class _Pass:
 
     loss: Loss
     batches: Iterable[Any]
+    prepare: Callable[[Any], Any] | None
     params: list[Tensor]
     batch_size: Callable[[Any], float]
     reduce: Reduce | None
@@ -236,6 +254,8 @@ class _Pass:
         best, seen = 0.0, 0
         for batch in itertools.islice(self.batches, self.max_batches):
             seen += 1
+            if self.prepare is not None:
+                batch = self.prepare(batch)
             weight = float(self.batch_size(batch))
             with torch.enable_grad():
                 value = self.loss(batch)
@@ -272,6 +292,38 @@ class _Pass:
 
     def _reduced(self, buf: Tensor) -> Tensor:
         return buf if self.reduce is None else self.reduce(buf.clone())
+
+
+@contextmanager
+def _tensors_put_back(tensors: Sequence[Tensor]) -> Iterator[None]:
+    """Restore the values of ``tensors`` on exit (also on error)."""
+    saved = [t.detach().clone() for t in tensors]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, value in zip(tensors, saved):
+                t.copy_(value)
+
+
+@contextmanager
+def _loader_left_as_found(loader: Any) -> Iterator[None]:
+    """Restore on exit the generators a loader, its sampler and its batch sampler own, and the state of
+    a stateful loader (``state_dict`` / ``load_state_dict``), so the passes do not move them."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    owners = (loader, getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None))
+    found = (v for owner in owners for v in getattr(owner, "__dict__", {}).values())
+    generators = {id(v): v for v in found if isinstance(v, torch.Generator)}
+    saved = [(g, g.get_state()) for g in generators.values()]
+    stateful = callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+    state = loader.state_dict() if stateful else None
+    try:
+        yield
+    finally:
+        for g, value in saved:
+            g.set_state(value)
+        if stateful:
+            loader.load_state_dict(state)
 
 
 class _RNGStream:
