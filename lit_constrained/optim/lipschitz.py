@@ -94,6 +94,7 @@ def constant_step_size(initial_loss: float, lipschitz: float, total_steps: int) 
 
 def check_estimate_settings(num_samples: int, mode: str, max_batches: int | None, seed: int | None) -> None:
     """Raise a ``ValueError`` naming the first of :func:`estimate_lipschitz`'s settings that is invalid."""
+
     def is_int(value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
 
