@@ -1,4 +1,14 @@
-"""ConstrainedModule: the LightningModule an informed-learning task subclasses."""
+"""ConstrainedModule: the LightningModule an informed-learning task subclasses.
+
+The Lightning glue around the step owner (:mod:`lit_constrained.stepping`): at every training batch it
+hands the :class:`~lit_constrained.stepping.TrainingStepper` itself (the task) and the
+:class:`~lit_constrained.stepping.StepServices` built from Lightning (the LightningOptimizer's step,
+``manual_backward``, ``clip_gradients`` by norm for ``max_grad_norm``, the strategy's all-gather, rank,
+world size), then logs the result. It also steps the LR schedulers, which manual optimization leaves
+to the module: a ``ReduceLROnPlateau`` at the end of every validation during fit, with the validation
+metric ``lr_scheduler_monitor`` (default ``Objective/val``; missing: an error listing the logged
+metrics), every other scheduler after every optimizer step that was not skipped.
+"""
 
 from __future__ import annotations
 
