@@ -12,39 +12,24 @@ times, in a rotating order; the script prints the median step time of each and i
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
-import time
-import warnings
 from collections.abc import Callable
-from typing import Any
 
 import lightning as L
 import torch
 
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall
+from harness import StepTimer, quiet  # benchmarks/harness.py (scripts run from benchmarks/)
 from lit_constrained.tasks.burgers import Burgers, BurgersData
 
-OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
-    "adam_unc": lambda p: torch.optim.Adam(p, lr=1e-3, eps=1e-7),
-    "sqp_adam": lambda p: SQPAdam(p, lr=1e-3, rho=1.0),
-    "sqp_heavyball": lambda p: SQPHeavyBall(p, lr=1e-3, rho=1.0),
-    "adam_con": lambda p: AdamCon(p, lr=1e-3, eps=1e-7),
+# functools.partial, not lambdas: the module stores its optimizer as class path + init args
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adam_unc": functools.partial(torch.optim.Adam, lr=1e-3, eps=1e-7),
+    "sqp_adam": functools.partial(SQPAdam, lr=1e-3, rho=1.0),
+    "sqp_heavyball": functools.partial(SQPHeavyBall, lr=1e-3, rho=1.0),
+    "adam_con": functools.partial(AdamCon, lr=1e-3, eps=1e-7),
 }
-
-
-class StepTimer(L.Callback):
-    """Wall time of every training step."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._start = 0.0
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        self.times.append(time.perf_counter() - self._start)
 
 
 def time_steps(name: str, data: BurgersData, steps: int, threads: int, warmup: int) -> float:
@@ -69,11 +54,7 @@ def main() -> None:
     parser.add_argument("--batch-mode", choices=["full", "minibatch"], default="full")
     parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS))
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
-        import logging
-
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet()
 
     data = BurgersData(batch_mode=args.batch_mode, n_train=args.n_train, n_val=1, n_test=1, cache_dir=None)
     data.setup("fit")

@@ -18,17 +18,16 @@ Timings are ratios measured side by side in one process; absolute numbers depend
 from __future__ import annotations
 
 import argparse
-import logging
 import statistics
 import sys
 import time
-import warnings
 from functools import partial
 from typing import Any, Callable
 
 import lightning.pytorch as pl
 import torch
 
+from harness import interleaved_medians, quiet, repeated  # benchmarks/harness.py (scripts run from benchmarks/)
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall
 from lit_constrained.optim.jacobian import constraint_jacobian
 from lit_constrained.tasks.darcy import Darcy, DarcyData
@@ -39,7 +38,7 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 
-class StepTimer(pl.Callback):
+class IterationTimer(pl.Callback):
     """Wall time between consecutive training-batch ends (a whole iteration, data loading included)."""
 
     def __init__(self) -> None:
@@ -51,12 +50,6 @@ class StepTimer(pl.Callback):
     def steps(self, skip: int = 3) -> list[float]:
         diffs = [b - a for a, b in zip(self.stamps, self.stamps[1:])]
         return diffs[skip:]
-
-
-def quiet() -> None:
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def trainer(**kwargs: Any) -> pl.Trainer:
@@ -87,7 +80,7 @@ def bench_ratio(args: argparse.Namespace) -> None:
         for name, make in chosen.items():
             pl.seed_everything(r, verbose=False)
             task = Darcy(optimizer=make, num_threads=args.threads, **SIZES[args.size])
-            timer = StepTimer()
+            timer = IterationTimer()
             trainer(max_steps=args.steps, callbacks=[timer]).fit(task, dm)
             times[name] += timer.steps()
             medians[name] = statistics.median(timer.steps())
@@ -113,13 +106,7 @@ def bench_jacobian(args: argparse.Namespace) -> None:
         "loop": lambda: constraint_jacobian(c, params, method="loop"),
     }
     results = {k: f() for k, f in runs.items()}  # warm-up, and the values to compare
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(args.reps):
-        for k, f in runs.items():
-            t = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = interleaved_medians({k: repeated(f) for k, f in runs.items()}, args.reps, block=1)
     n = results["vmap"].shape[1]
     print(f"Darcy constraint Jacobian, m = {c.numel()}, n = {n}, {args.threads} thread(s), {args.reps} reps")
     for k in runs:

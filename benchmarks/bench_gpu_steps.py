@@ -19,38 +19,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
 import statistics
-import time
-import warnings
 from collections.abc import Callable
-from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
+from harness import StepTimer, interleaved_medians, quiet, repeated  # benchmarks/harness.py
 from lit_constrained.optim import SQPAdam
-
-
-class SyncedStepTimer(pl.Callback):
-    """Seconds of every training step, the device synchronized at both ends."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._start = 0.0
-
-    @staticmethod
-    def _sync(module: pl.LightningModule) -> None:
-        if module.device.type == "cuda":
-            torch.cuda.synchronize(module.device)
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
-        self._sync(pl_module)
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        self._sync(pl_module)
-        self.times.append(time.perf_counter() - self._start)
 
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
@@ -78,7 +54,7 @@ def make(task: str, optimizer: Callable[..., torch.optim.Optimizer]) -> tuple[pl
 def median_step(task: str, name: str, accelerator: str, steps: int, warmup: int) -> float:
     pl.seed_everything(0, verbose=False)
     module, data = make(task, OPTIMIZERS[name])
-    timer = SyncedStepTimer()
+    timer = StepTimer()
     trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps + warmup, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer], log_every_n_steps=50)
@@ -113,20 +89,8 @@ def optimizer_steps(device: torch.device, sizes: list[int], ms: list[int], repea
                 opt = make_opt(params)
                 requires = getattr(opt, "requires", frozenset())
                 kwargs = {k: v for k, v in (("constraints", c), ("jacobian", J)) if k in requires}
-                runners[name] = functools.partial(opt.step, **kwargs)
-            times: dict[str, list[float]] = {name: [] for name in makers}
-            for run_block in range(repeats + 1):
-                for name, step in runners.items():
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    start = time.perf_counter()
-                    for _ in range(block):
-                        step()
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    if run_block:  # the first block warms up
-                        times[name].append((time.perf_counter() - start) / block)
-            medians = {name: statistics.median(v) for name, v in times.items()}
+                runners[name] = repeated(functools.partial(opt.step, **kwargs))
+            medians = interleaved_medians(runners, repeats, block, warmup=block, device=device)
             print(f"| {n:.0e} | {m} | " + " | ".join(f"{1e3 * medians[k]:.3f}" for k in makers)
                   + f" | {medians['SQP-Adam'] / medians['torch Adam']:.2f}x |", flush=True)
 
@@ -143,9 +107,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet()
     device = torch.cuda.get_device_name(0) if args.accelerator == "gpu" and torch.cuda.is_available() else args.accelerator
     if args.optimizer_only:
         torch_device = torch.device("cuda" if args.accelerator == "gpu" else "cpu")

@@ -18,13 +18,12 @@ and the derivative alone (f and c computed once outside the timing, graphs retai
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from harness import interleaved_medians, repeated  # benchmarks/harness.py (scripts run from benchmarks/)
 from lit_constrained.optim import constraint_jacobian
 from lit_constrained.batch import cast_floats
 
@@ -81,20 +80,6 @@ def runners(model: Any, batch: Any) -> dict[str, Callable[[], object]]:
     }
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int, block: int) -> dict[str, float]:
-    for fn in fns.values():  # warm-up
-        for _ in range(2):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(block):
-                fn()
-            times[name].append((time.perf_counter() - start) / block)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=30)
@@ -112,7 +97,8 @@ def main() -> None:
         model, batch = make()
         n = sum(p.numel() for p in model.parameters())
         m = model.constraints(batch).numel()
-        med = interleaved(runners(model, batch), args.repeats, args.block)
+        fns = runners(model, batch)
+        med = interleaved_medians({k: repeated(f) for k, f in fns.items()}, args.repeats, args.block, warmup=2)
         print(f"{label}: n = {n:,d}, m = {m}")
         for group, base in (("grad f", "J batched", "J loop"), "grad f"), (("bwd f", "bwd J batched", "bwd J loop"), "bwd f"):
             print("    " + "  ".join(f"{name} {1e3 * med[name]:8.3f} ms ({med[name] / med[base]:5.2f}x)" for name in group))

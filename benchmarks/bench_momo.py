@@ -14,15 +14,14 @@ Prints the CPU model, then per size the median time per step of each optimizer a
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from lit_constrained.optim.momo import MoMo, MoMoAdam
-from machine import cpu_model  # benchmarks/machine.py (scripts run from benchmarks/)
+from harness import interleaved_medians  # benchmarks/harness.py (scripts run from benchmarks/)
+from machine import cpu_model  # benchmarks/machine.py
 
 SIZES: dict[str, list[int]] = {
     "1e5": [32, 256, 256, 64, 1],  # 90,753 parameters
@@ -60,25 +59,11 @@ def make_runner(name: str, widths: list[int], device: torch.device) -> Callable[
 
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def bench(widths: list[int], repeats: int, block: int, device: torch.device) -> dict[str, float]:
     names = ["Adam(foreach)", "MoMoAdam", "MoMo"]
     runners = {name: make_runner(name, widths, device) for name in names}
-    for run in runners.values():  # warm-up (allocations, first-step state)
-        run(3)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(repeats):
-        for name in names:
-            sync(device)
-            start = time.perf_counter()
-            runners[name](block)
-            sync(device)
-            times[name].append((time.perf_counter() - start) / block)
-    return {name: statistics.median(t) for name, t in times.items()}
+    # warm-up: allocations, first-step state
+    return interleaved_medians(runners, repeats, block, warmup=3, device=device)
 
 
 def main() -> None:

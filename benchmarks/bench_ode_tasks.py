@@ -22,28 +22,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 
 from lit_constrained.optim import SQPAdam
 from lit_constrained.tasks.chemistry import Chemistry, ChemistryData
 from lit_constrained.tasks.spring import Spring, SpringData
-from machine import cpu_model  # benchmarks/machine.py (scripts run from benchmarks/)
-
-
-class StepTimer(Callback):
-    """Wall time of each training step, batch start to batch end."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._start = 0.0
-
-    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        self.times.append(time.perf_counter() - self._start)
-
-
+from harness import StepTimer  # benchmarks/harness.py (scripts run from benchmarks/)
+from machine import cpu_model  # benchmarks/machine.py
 
 
 def build(task: str, method: str, derivative: str, threads: int) -> tuple[L.LightningModule, L.LightningDataModule]:

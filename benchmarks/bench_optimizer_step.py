@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall
-from machine import cpu_model  # benchmarks/machine.py (scripts run from benchmarks/)
+from harness import interleaved_medians  # benchmarks/harness.py (scripts run from benchmarks/)
+from machine import cpu_model  # benchmarks/machine.py
 
 SIZES: dict[str, list[int]] = {
     "1e5": [32, 256, 256, 64, 1],  # 90,753 parameters
@@ -85,19 +84,6 @@ def make_runner(name: str, widths: list[int], m: int, kind: str) -> Callable[[in
     return run_constrained
 
 
-def interleaved(runners: dict[str, Callable[[int], None]], repeats: int, block: int) -> dict[str, float]:
-    """Median seconds per call of each runner, timed in interleaved blocks."""
-    for run in runners.values():  # warm-up (allocations, first-step state)
-        run(2)
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run(block)
-            times[name].append((time.perf_counter() - start) / block)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def traffic(n: int, m: int, refinements: int) -> dict[str, float]:
     """Bytes moved per step (float32 model): Adam; SQP-Adam as implemented; the 3-read limit."""
     adam = 28.0 * n
@@ -126,7 +112,7 @@ def main() -> None:
         n = sum(p.numel() for p in mlp_parameters(widths))
         for kind in [k.strip() for k in args.jacobians.split(",")]:
             runners = {name: make_runner(name, widths, m, kind) for name in NAMES}
-            med = interleaved(runners, args.repeats, args.block)
+            med = interleaved_medians(runners, args.repeats, args.block, warmup=2)  # warm-up: allocations, state
             base, sqp = med["Adam(foreach)"], med["SQPAdam"]
             opt = runners["SQPAdam"].optimizer  # type: ignore[attr-defined]
             opt.step(constraints=torch.zeros(m), jacobian=problem(widths, m, kind)[2], diagnostics=True)

@@ -39,13 +39,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import socket
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,15 +55,10 @@ import torch.multiprocessing as mp
 from lit_constrained.distributed import exchanged_numbers, gather_step, row_counts, row_slice
 from lit_constrained.optim import SQPAdam
 from lit_constrained.optim.flat import group_params
-from machine import cpu_model  # benchmarks/machine.py (scripts run from benchmarks/)
+from harness import quiet  # benchmarks/harness.py (scripts run from benchmarks/)
+from machine import cpu_model  # benchmarks/machine.py
 
 WORLD = 2
-
-
-def quiet() -> None:
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def build(task: str) -> tuple[Any, dict[str, Any]]:

@@ -13,29 +13,30 @@ held-out initial conditions (``trainer.test``).
 from __future__ import annotations
 
 import argparse
-import logging
+import functools
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
 
+from harness import quiet  # benchmarks/harness.py (scripts run from benchmarks/)
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall
 from lit_constrained.tasks.burgers import Burgers, BurgersData
 from lit_constrained.batch import cast_floats
 
 
-def make_optimizer(method: str, lr: float, rho: Any) -> Callable[[Any], torch.optim.Optimizer]:
+def make_optimizer(method: str, lr: float, rho: Any) -> Callable[..., torch.optim.Optimizer]:
+    """The method's optimizer factory (a functools.partial: the module stores it as class path + init args)."""
     if method == "SQP-Adam(con)":
-        return lambda p: SQPAdam(p, lr=lr, betas=(0.9, 0.999), eps=1e-7, rho=rho, h=1.0)
+        return functools.partial(SQPAdam, lr=lr, betas=(0.9, 0.999), eps=1e-7, rho=rho, h=1.0)
     if method == "SQP-HeavyBall(con)":
-        return lambda p: SQPHeavyBall(p, lr=lr, beta=0.9, rho=rho, h=1.0)
+        return functools.partial(SQPHeavyBall, lr=lr, beta=0.9, rho=rho, h=1.0)
     if method == "Adam(con)":
-        return lambda p: AdamCon(p, lr=lr, betas=(0.9, 0.999), eps=1e-7)
+        return functools.partial(AdamCon, lr=lr, betas=(0.9, 0.999), eps=1e-7)
     if method == "Adam(unc)":
-        return lambda p: torch.optim.Adam(p, lr=lr, betas=(0.9, 0.999), eps=1e-7)
+        return functools.partial(torch.optim.Adam, lr=lr, betas=(0.9, 0.999), eps=1e-7)
     raise ValueError(method)
 
 
@@ -69,9 +70,7 @@ def main() -> None:
     parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 5e-4])
     parser.add_argument("--rho-full", action="store_true", help="also run the SQP methods with rho = 1/lr")
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet()
 
     data = BurgersData(batch_mode=args.batch_mode, n_train=args.n_train, n_val=1, n_test=args.n_test,
                        seed=args.seed, cache_dir=None)
