@@ -72,13 +72,46 @@ Adam(con)'s KKT system applies); :math:`\|\tilde P_k D_k^{-1/2} d_k\|^2 = \|P^D_
 This is the exact D-norm prox, no approximation: the step is computed in the scaled variable with a
 rank-revealing factorization of :math:`\tilde J_k` and mapped back by :math:`D_k^{-1/2}`.
 
+**SQP-Adam's geometry (SQP-MoMo-Adam with** ``geometry="euclidean"``). The D-norm prox above inherits
+Adam(con)'s D-orthogonal projector, which in the lr sweeps (docs/sqp_momo.md) trains far slower than
+SQP-Adam's Euclidean projection of Adam's direction. This option keeps SQP-Adam's geometry and still
+solves a proximal subproblem exactly, in another metric. The normal step and projector are Euclidean,
+:math:`n_k = -s_k J_k^+ c_k`, :math:`P_k = I - J_k^+ J_k`; :math:`\hat D_k = \mathrm{diag}(\epsilon +
+\sqrt{\hat v_k/(1-\beta_2^k)})` with :math:`\hat v_k` the second moment of the projected gradients
+:math:`P_k g_k` (as SQP-Adam's); the prox term is :math:`\frac{1}{2\alpha_k}\|y - x_k\|^2_{M_k}` with
+
+.. math::
+    M_k = (I - P_k) + (P_k \hat D_k^{-1} P_k)^+ .
+
+:math:`n_k \in \mathrm{range}(I - P_k)` and :math:`(P\hat D^{-1}P)^+` vanishes there, so
+:math:`\|n_k + z\|^2_{M_k} = \|n_k\|^2 + z^T (P_k\hat D_k^{-1}P_k)^+ z` without cross term. With Z an
+orthonormal basis of :math:`\mathrm{null}(J_k)` and z = Z u the subproblem is Lemma B.1 in u with the metric
+:math:`B = (Z^T\hat D^{-1}Z)^{-1}`, so :math:`u = -\tau B^{-1}Z^T d` and
+
+.. math::
+    x_{k+1} = x_k + n_k - \tau_k P_k \hat D_k^{-1} P_k d_k, \qquad
+    \tau_k = \min\Big\{\frac{\alpha_k}{\rho_k},
+        \frac{(h_k + \langle d_k, n_k\rangle - \rho_k f^*_k)_+}{\|\hat D_k^{-1/2} P_k d_k\|^2}\Big\}.
+
+This is exact (no approximation) for the metric :math:`M_k`; it is not the D-norm prox. On
+:math:`\mathrm{null}(J_k)` the D-norm prox uses :math:`Z^T D Z`, this one :math:`(Z^T\hat D^{-1}Z)^{-1}
+\preceq Z^T\hat D Z` (Schur complement of :math:`[[Z^TDZ, I], [I, Z^TD^{-1}Z]] \succeq 0`), equal for the same
+D only when :math:`\mathrm{null}(J_k)` is D-invariant (D = cI, or J's rows supported where D is constant);
+and :math:`\hat D` is of the projected, not the raw, gradients. The direction :math:`P\hat D^{-1}Pd` is
+SQP-Adam's :math:`P\hat D^{-1}r` with r (the momentum of the projected gradients) replaced by
+:math:`P_k d_k` (MoMo's momentum of the raw gradients, projected on today's null space), the same for a
+constant J; the model's constant :math:`h_k` needs the raw d. Cost: the projections of g and d and of
+:math:`\hat D^{-1}Pd` (three, two passes over J each) and :math:`J^+c`. The state keys are the same
+(``exp_avg_sq`` then holds :math:`\hat v`); ``geometry`` is shared by all groups.
+
 With m = 0 (no constraints) both reduce to MoMo / MoMo-Adam without weight decay (:math:`n_k = 0`,
 :math:`P_k = I`).
 
 **The online lower bound** (``estimate_lower_bound=True``, MoMo's Algorithms 3, 4) carries over with the
 projected quantities: the model's constant :math:`h_k` becomes :math:`h_k + \langle d_k, n_k\rangle` (the
 value of the linear model on the linearized feasible set at :math:`z = 0`) and the slope norm
-:math:`\|d_k\|^2_{D^{-1}}` becomes :math:`\|P_k d_k\|^2` (:math:`\|\tilde P_k D_k^{-1/2} d_k\|^2`):
+:math:`\|d_k\|^2_{D^{-1}}` becomes :math:`\|P_k d_k\|^2` (:math:`\|\tilde P_k D_k^{-1/2} d_k\|^2`; in the
+Euclidean geometry :math:`\|\hat D_k^{-1/2} P_k d_k\|^2`):
 
 .. math::
     \text{ResetStar: if } \rho_k f^*_k \ge h_k + \langle d_k, n_k\rangle:\
@@ -152,6 +185,7 @@ from .nullspace import DEFAULT_RCOND, NullSpace
 
 Rho = Union[float, Literal["full"]]
 Precision = Literal["native", "float64"]
+Geometry = Literal["adam", "euclidean"]
 
 STATE_KEY = "flat"
 """The ``optimizer.state`` key of the flat state (as the other constrained optimizers)."""
@@ -262,12 +296,18 @@ class _SQPMoMoBase(Optimizer, ABC):
         """The state keys of the moments, the momentum average d first."""
 
     @abstractmethod
-    def _update_moments(self, state: dict[str, Any], g: Tensor, k: int, weight: float) -> None:
-        """Update the moments in place with the new gradient g."""
+    def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, k: int, weight: float) -> None:
+        """Update the moments in place: the momentum with the new gradient g, a second moment with
+        ``g_second`` (g, or :math:`P_k g` in the Euclidean geometry)."""
 
     def _scaling(self, state: dict[str, Any], k: int) -> Tensor | None:
         r""":math:`D_k^{-1/2}` as an n-vector (None for D = I)."""
         return None
+
+    def _euclidean_metric(self) -> bool:
+        """True for SQP-MoMo-Adam's ``geometry="euclidean"``: Euclidean normal step and projector, the
+        metric :math:`(Z^T D^{-1} Z)^{-1}` on null(J) with D from the projected gradients."""
+        return False
 
     # ------------------------------------------------------------------ the step
     def _working_dtype(self, params: list[Tensor]) -> torch.dtype:
@@ -354,37 +394,53 @@ class _SQPMoMoBase(Optimizer, ABC):
         scalar = lambda v: torch.as_tensor(v, dtype=torch.float64, device=device)  # noqa: E731
         f_star = state["lower_bound"] if estimate else scalar(floor)
 
-        # 1. the loss model: averages and moments
+        # 1. the loss model: averages and moments (the Euclidean geometry's second moment is of P_k g_k)
         loss_avg = state["loss_avg"] + weight * (f - state["loss_avg"])
         gamma = state["gamma"] + weight * (gx - state["gamma"])
-        self._update_moments(state, g, k, weight)
+        euclidean = self._euclidean_metric()
+        space = NullSpace.from_jacobian(J, float(first["rcond"])) if euclidean else None
+        g_second = space.project(g).to(dtype) if euclidean and m else g
+        self._update_moments(state, g, g_second, k, weight)
         d = state[self._moment_keys()[0]]
         h = loss_avg + torch.dot(d, x).to(torch.float64) - gamma
 
-        # 2. the projection (in the scaled variable u = D^{1/2} z for the Adam flavour)
+        # 2. the projection. slope: the vector whose squared norm is the prox's slope norm; direction: the
+        #    tangential direction in the working variable (u = D^{1/2} z for the exact D-norm prox, x else)
         scaling = self._scaling(state, k)  # D^{-1/2} or None
-        w = d if scaling is None else d * scaling
-        Jt = J if scaling is None else J * scaling
-        space = NullSpace.from_jacobian(Jt, float(first["rcond"]))
-        p = space.project(w).to(dtype) if m else w.clone()
-        slope_norm_sq = torch.dot(p, p).to(torch.float64)
+        if scaling is None:  # D = I (SQP-MoMo)
+            space = NullSpace.from_jacobian(J, float(first["rcond"]))
+            slope = space.project(d).to(dtype) if m else d.clone()
+            direction = slope
+        elif euclidean:  # metric (Z^T D^{-1} Z)^{-1} on null(J): direction P D^{-1} P d
+            projected = space.project(d).to(dtype) if m else d.clone()
+            slope = projected * scaling  # D^{-1/2} P d
+            direction = space.project(slope * scaling).to(dtype) if m else slope * scaling
+        else:  # the exact D-norm prox, in the scaled variable u = D^{1/2} z
+            space = NullSpace.from_jacobian(J * scaling, float(first["rcond"]))
+            w = d * scaling
+            slope = space.project(w).to(dtype) if m else w
+            direction = slope
+        scaled_variable = scaling is not None and not euclidean
+        slope_norm_sq = torch.dot(slope, slope).to(torch.float64)
 
         lrs = [float(group["lr"]) for group in self.param_groups]
         rho = first["rho"]
         s = 1.0 if rho == "full" else lrs[0] * float(rho)
         if m:
-            normal = space.pseudo_solve(c).to(dtype).mul_(-s)  # -s J~^+ c (scaled variable)
-            normal_x = normal if scaling is None else normal * scaling
+            normal = space.pseudo_solve(c).to(dtype).mul_(-s)  # -s J^+ c (J~^+ c in the scaled variable)
+            normal_x = normal * scaling if scaled_variable else normal
             normal_norm = normal_x.norm().to(torch.float64)
             cap = first["max_normal_step"]
             if cap is not None:
                 limit = float(cap) * x.norm().to(torch.float64)
                 shrink = torch.where(normal_norm > limit, limit / normal_norm.clamp_min(1e-300), 1.0)
                 normal.mul_(shrink.to(dtype))
+                normal_x = normal * scaling if scaled_variable else normal
                 normal_norm = normal_norm * shrink
-            d_dot_n = torch.dot(w, normal).to(torch.float64)  # <d, n> = <D^{-1/2} d, n~>
+            d_dot_n = torch.dot(d, normal_x).to(torch.float64)
         else:
             normal = None
+            normal_x = None
             normal_norm = scalar(0.0)
             d_dot_n = scalar(0.0)
         constant = h + d_dot_n
@@ -398,17 +454,17 @@ class _SQPMoMoBase(Optimizer, ABC):
             tau, zeta = model_step(lr=lr, rho=rho_k, constant=constant, slope_norm_sq=slope_norm_sq,
                                    lower_bound=f_star)
             taus.append(tau)
-        delta = self._tangential(p, taus, lrs, space, m, dtype)
+        delta = self._tangential(direction, taus, lrs, space, m, dtype)
         if normal is not None:
             delta.add_(normal)
-        if scaling is not None:
+        if scaled_variable:
             delta.mul_(scaling)
         self._add_to_params(params, delta)
 
         # 4. EstimateStar, state, diagnostics
         used = f_star
         if estimate:
-            tau_norm = self._tau_slope_norm(p, taus, lrs)
+            tau_norm = self._tau_slope_norm(slope, taus, lrs)
             f_star = ((constant - 0.5 * tau_norm) / rho_k).clamp_min(floor)
         state.update(step=k, n=n, loss_avg=loss_avg, gamma=gamma, lower_bound=f_star)
         if diagnostics:
@@ -421,7 +477,7 @@ class _SQPMoMoBase(Optimizer, ABC):
                 record[f"tau/group{i}" if several else "tau"] = tau
             if m:
                 record["rank"] = scalar(float(space.rank))
-                target = J @ (normal if scaling is None else normal * scaling)
+                target = J @ normal_x
                 record["linearized_feasibility_error"] = (
                     (J @ delta - target).norm() / target.norm().clamp_min(1e-300)
                 ).to(torch.float64)
@@ -557,7 +613,7 @@ class SQPMoMo(_SQPMoMoBase):
     def _moment_keys(self) -> tuple[str, ...]:
         return ("grad_avg",)
 
-    def _update_moments(self, state: dict[str, Any], g: Tensor, k: int, weight: float) -> None:
+    def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, k: int, weight: float) -> None:
         state["grad_avg"].lerp_(g, weight)
 
 
@@ -582,9 +638,15 @@ class SQPMoMoAdam(_SQPMoMoBase):
         betas: :math:`(\beta_1, \beta_2)`, shared.
         eps: added outside the square root of D, per group.
         lower_bound, estimate_lower_bound, rho, rcond, max_normal_step, precision: as :class:`SQPMoMo`.
+        geometry: ``"adam"`` (default): the exact prox in Adam's D-norm above (Adam(con)'s D-orthogonal
+            projector and D-minimum-norm normal step). ``"euclidean"``: SQP-Adam's geometry, the exact prox
+            in the metric :math:`M_k = (I - P_k) + (P_k\hat D_k^{-1}P_k)^+` (:math:`\hat D` from the second
+            moment of the projected gradients): :math:`x_{k+1} = x_k - J_k^+c_k - \tau_k P_k\hat D_k^{-1}P_k d_k`,
+            :math:`\tau_k` with the slope norm :math:`\|\hat D_k^{-1/2}P_k d_k\|^2`. Shared. See the module
+            docstring.
     """
 
-    shared_keys = _SQPMoMoBase.shared_keys + ("betas",)
+    shared_keys = _SQPMoMoBase.shared_keys + ("betas", "geometry")
 
     def __init__(
         self,
@@ -598,18 +660,29 @@ class SQPMoMoAdam(_SQPMoMoBase):
         rcond: float = DEFAULT_RCOND,
         max_normal_step: float | None = None,
         precision: Precision = "native",
+        geometry: Geometry = "adam",
     ) -> None:
         super().__init__(
             params,
             dict(lr=lr, betas=tuple(betas), eps=eps, lower_bound=lower_bound,
                  estimate_lower_bound=estimate_lower_bound, rho=rho, rcond=rcond,
-                 max_normal_step=max_normal_step, precision=precision),
+                 max_normal_step=max_normal_step, precision=precision, geometry=geometry),
         )
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:  # state dicts saved before the option existed: the exact prox
+            group.setdefault("geometry", "adam")
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)
         check_betas(tuple(group["betas"]))
         check_positive("eps", group["eps"])
+        if group.get("geometry", "adam") not in ("adam", "euclidean"):
+            raise ValueError(
+                f"Invalid geometry={group['geometry']!r}: 'adam' (the exact prox in Adam's D-norm, Adam(con)'s "
+                "D-orthogonal projector) or 'euclidean' (SQP-Adam's Euclidean projector and normal step)."
+            )
 
     def _beta(self) -> float:
         return float(self.param_groups[0]["betas"][0])
@@ -620,10 +693,13 @@ class SQPMoMoAdam(_SQPMoMoBase):
     def _moment_keys(self) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")
 
-    def _update_moments(self, state: dict[str, Any], g: Tensor, k: int, weight: float) -> None:
+    def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, k: int, weight: float) -> None:
         beta2 = float(self.param_groups[0]["betas"][1])
         state["exp_avg"].lerp_(g, weight)
-        state["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(g_second, g_second, value=1.0 - beta2)
+
+    def _euclidean_metric(self) -> bool:
+        return self.param_groups[0]["geometry"] == "euclidean"
 
     def _scaling(self, state: dict[str, Any], k: int) -> Tensor:
         r""":math:`D_k^{-1/2}`, :math:`D_k = \epsilon + \sqrt{v_k/(1-\beta_2^k)}` (eps per group)."""

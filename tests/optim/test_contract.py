@@ -158,10 +158,11 @@ REGISTRY = [
         other=dict(lr=0.01, betas=(0.5, 0.9), eps=1e-3, rho=0.9),
         default_lr=1e-2,  # MoMo-Adam's: the lr caps the model-based step (sqp_momo.py)
         momentum_key="betas",
-        shared=dict(betas=(0.5, 0.99), lower_bound=-1.0, estimate_lower_bound=False, rho=0.9, rcond=1e-6),
+        shared=dict(betas=(0.5, 0.99), lower_bound=-1.0, estimate_lower_bound=False, rho=0.9, rcond=1e-6,
+                    geometry="euclidean"),
         per_group=dict(lr=1e-4, eps=1e-1),
         constrained=True,
-        variants=(dict(rho="full"),),
+        variants=(dict(rho="full"), dict(geometry="euclidean")),
     ),
 ]
 IDS = [info.name for info in REGISTRY]

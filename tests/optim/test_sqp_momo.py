@@ -46,11 +46,14 @@ def evaluate(x: np.ndarray, k: int) -> tuple[float, np.ndarray, np.ndarray, np.n
 
 
 def reference(
-    adam: bool, lrs: list[float], lower_bound: float, estimate: bool, steps: int, eps: float = 1e-8
+    adam: bool, lrs: list[float], lower_bound: float, estimate: bool, steps: int, eps: float = 1e-8,
+    geometry: str = "adam",
 ) -> tuple[list[np.ndarray], list[float], list[float]]:
     """The update of the module docstring, written densely in numpy float64: the Euclidean flavour with
-    pinv(J) (P = I - J^+ J, n = -J^+ c), the Adam flavour with KKT solves of [[D, J^T], [J, 0]].
-    Returns the iterates, the step sizes tau_k and the lower-bound estimates after each step."""
+    pinv(J) (P = I - J^+ J, n = -J^+ c), the Adam flavour with KKT solves of [[D, J^T], [J, 0]]; Adam's
+    ``geometry="euclidean"`` with the explicit projector P = I - J^+ J, D from the second moment of P g,
+    n = -J^+ c and the direction P D^-1 P d. Returns the iterates, the step sizes tau_k and the
+    lower-bound estimates after each step."""
     beta, beta2 = 0.9, 0.999
     x = x0().numpy().copy()
     fbar = gamma = 0.0
@@ -66,7 +69,13 @@ def reference(
         gamma += weight * (g @ x - gamma)
         d += weight * (g - d)
         rho = 1.0 - beta**k if adam else 1.0
-        if adam:
+        if adam and geometry == "euclidean":
+            P = np.eye(N) - np.linalg.pinv(J) @ J
+            v = beta2 * v + (1 - beta2) * (P @ g) ** 2
+            Dinv = 1.0 / (eps + np.sqrt(v / (1 - beta2**k)))
+            normal = -np.linalg.pinv(J) @ c
+            direction = P @ (Dinv * (P @ d))  # P D^-1 P d
+        elif adam:
             v = beta2 * v + (1 - beta2) * g * g
             D = np.diag(eps + np.sqrt(v / (1 - beta2**k)))
             K = np.block([[D, J.T], [J, np.zeros((m, m))]])
@@ -76,7 +85,7 @@ def reference(
             pinv = np.linalg.pinv(J)
             normal = -pinv @ c
             direction = (np.eye(N) - pinv @ J) @ d  # P d
-        slope_sq = d @ direction  # ||P d||^2, or d^T P_D D^-1 d = ||P~ D^-1/2 d||^2
+        slope_sq = d @ direction  # ||P d||^2, d^T P_D D^-1 d = ||P~ D^-1/2 d||^2, or ||D^-1/2 P d||^2
         constant = fbar + d @ x - gamma + d @ normal
         if estimate and rho * fstar >= constant:
             fstar = max(constant / (2 * rho), lower_bound)
@@ -108,18 +117,20 @@ def run(cls: type, lrs: list[float], record: bool = True, **kwargs) -> tuple[lis
     return xs, diagnostics, opt
 
 
-CLASSES = [(SQPMoMo, False), (SQPMoMoAdam, True)]
+CLASSES = [(SQPMoMo, False, {}), (SQPMoMoAdam, True, {}), (SQPMoMoAdam, True, {"geometry": "euclidean"})]
+CLASS_IDS = ["SQPMoMo", "SQPMoMoAdam", "SQPMoMoAdam-euclidean"]
+FLAVOURS = [(SQPMoMo, {}), (SQPMoMoAdam, {}), (SQPMoMoAdam, {"geometry": "euclidean"})]
 LRS = [1e-3, 2.0, 1e-3, 2.0, 0.5, 2.0, 1e-3, 2.0]  # the cap and the adaptive branch both occur
 
 
 # ---------------------------------------------------------------------------- against the dense reference
 
 
-@pytest.mark.parametrize("cls,adam", CLASSES, ids=["SQPMoMo", "SQPMoMoAdam"])
+@pytest.mark.parametrize("cls,adam,options", CLASSES, ids=CLASS_IDS)
 @pytest.mark.parametrize("lower_bound,estimate", [(0.0, False), (-1.0, True)], ids=["fixed", "estimated"])
-def test_matches_the_dense_reference(cls: type, adam: bool, lower_bound: float, estimate: bool) -> None:
-    xs_ref, taus_ref, fstars_ref = reference(adam, LRS, lower_bound, estimate, len(LRS))
-    xs, diagnostics, opt = run(cls, LRS, lower_bound=lower_bound, estimate_lower_bound=estimate)
+def test_matches_the_dense_reference(cls: type, adam: bool, options: dict, lower_bound: float, estimate: bool) -> None:
+    xs_ref, taus_ref, fstars_ref = reference(adam, LRS, lower_bound, estimate, len(LRS), **options)
+    xs, diagnostics, opt = run(cls, LRS, lower_bound=lower_bound, estimate_lower_bound=estimate, **options)
     for k, (x, x_ref, r, tau) in enumerate(zip(xs, xs_ref, diagnostics, taus_ref)):
         np.testing.assert_allclose(x.numpy(), x_ref, rtol=1e-10, atol=1e-12, err_msg=f"step {k + 1}")
         assert r["tau"] == pytest.approx(tau, rel=1e-9)
@@ -129,25 +140,28 @@ def test_matches_the_dense_reference(cls: type, adam: bool, lower_bound: float, 
     assert any(adaptive) and not all(adaptive)  # both branches of the min were taken
 
 
-@pytest.mark.parametrize("cls,adam", CLASSES, ids=["SQPMoMo", "SQPMoMoAdam"])
-def test_without_a_lower_bound_it_is_the_projected_momentum_step_with_tau_equal_lr(cls: type, adam: bool) -> None:
+@pytest.mark.parametrize("cls,adam,options", CLASSES, ids=CLASS_IDS)
+def test_without_a_lower_bound_it_is_the_projected_momentum_step_with_tau_equal_lr(
+    cls: type, adam: bool, options: dict
+) -> None:
     # f* = -1e30 (in effect -inf): zeta is astronomically large and tau = lr / rho_k at every step; the step is
     # x + n - lr P d (Euclidean, pinv), resp. the KKT step of [[D, J^T], [J, 0]] with right side
-    # -[(lr / rho_k) d; c] (Adam), computed densely in `reference`.
+    # -[(lr / rho_k) d; c] (Adam), resp. x - J^+ c - (lr / rho_k) P D^-1 P d (Adam, Euclidean geometry: SQP-Adam's
+    # projected step with MoMo's momentum), computed densely in `reference`.
     lrs = [0.05] * 8
-    xs_ref, taus_ref, _ = reference(adam, lrs, -1e30, False, len(lrs))
-    xs, diagnostics, _ = run(cls, lrs, lower_bound=-1e30)
+    xs_ref, taus_ref, _ = reference(adam, lrs, -1e30, False, len(lrs), **options)
+    xs, diagnostics, _ = run(cls, lrs, lower_bound=-1e30, **options)
     for k, (x, x_ref, r) in enumerate(zip(xs, xs_ref, diagnostics)):
         rho = 1 - 0.9 ** (k + 1) if adam else 1.0
         assert r["tau"] == pytest.approx(0.05 / rho, rel=1e-15)
         np.testing.assert_allclose(x.numpy(), x_ref, rtol=1e-10, atol=1e-12, err_msg=f"step {k + 1}")
 
 
-@pytest.mark.parametrize("cls", [SQPMoMo, SQPMoMoAdam])
-def test_the_step_satisfies_the_linearized_constraints_at_every_step(cls: type) -> None:
+@pytest.mark.parametrize("cls,options", FLAVOURS, ids=CLASS_IDS)
+def test_the_step_satisfies_the_linearized_constraints_at_every_step(cls: type, options: dict) -> None:
     # J_k (x_{k+1} - x_k) = J_k n_k = -c_k (rho = "full", J of full row rank) to 1e-10, float64
     x = torch.nn.Parameter(x0())
-    opt = cls([x], lr=2.0)
+    opt = cls([x], lr=2.0, **options)
     for k in range(30):
         opt.zero_grad()
         loss = objective(x, k)
@@ -159,6 +173,27 @@ def test_the_step_satisfies_the_linearized_constraints_at_every_step(cls: type) 
         residual = J @ (x.detach() - before) + c
         assert residual.norm() <= 1e-10 * max(c.norm(), 1e-300) + 1e-15, (k, residual)
         assert opt.diagnostics["linearized_feasibility_error"] < 1e-10
+
+
+def test_the_euclidean_geometry_is_the_prox_in_its_metric() -> None:
+    # geometry="euclidean" solves min_y <d, y - x> / rho + ||y - x||_M^2 / (2 lr) s.t. J (y - x) = -c (the cap
+    # binds: f* = -1e30), with M = (I - P) + pinv(P D^-1 P) (sqp_momo.py): a dense KKT solve with that M, first
+    # step (d = (1 - beta1) g, rho = 1 - beta1, D = eps + sqrt(v / (1 - beta2)), v = (1 - beta2) (P g)^2).
+    lr, beta1, beta2, eps = 0.05, 0.9, 0.999, 1e-8
+    x = torch.nn.Parameter(x0())
+    opt = SQPMoMoAdam([x], lr=lr, lower_bound=-1e30, geometry="euclidean")
+    loss = objective(x, 0)
+    loss.backward()
+    c, J = constraints(x.detach()), constraint_jacobian(constraints(x), [x])
+    opt.step(lambda: loss, constraints=c, jacobian=J)
+    _, g, c_np, J_np = evaluate(x0().numpy(), 0)
+    P = np.eye(N) - np.linalg.pinv(J_np) @ J_np
+    D = eps + np.sqrt((1 - beta2) * (P @ g) ** 2 / (1 - beta2))
+    M = (np.eye(N) - P) + np.linalg.pinv(P @ np.diag(1 / D) @ P, rcond=1e-12, hermitian=True)
+    m = len(c_np)
+    K = np.block([[M / lr, J_np.T], [J_np, np.zeros((m, m))]])
+    dx = np.linalg.solve(K, np.concatenate([-(1 - beta1) * g / (1 - beta1), -c_np]))[:N]
+    np.testing.assert_allclose(x.detach().numpy() - x0().numpy(), dx, rtol=1e-9, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------- m = 0: MoMo and MoMo-Adam
@@ -175,15 +210,16 @@ MOMO_CASES = [
 @pytest.mark.parametrize(
     "ours,theirs,kwargs",
     [(SQPMoMo, MoMo, case) for case in MOMO_CASES]
-    + [(SQPMoMoAdam, MoMoAdam, case) for case in MOMO_CASES[:2]],
-    ids=["MoMo", "MoMo-estimate", "MoMo-bias", "MoMoAdam", "MoMoAdam-estimate"],
+    + [(SQPMoMoAdam, MoMoAdam, case) for case in MOMO_CASES[:2]]
+    + [(SQPMoMoAdam, MoMoAdam, dict(geometry="euclidean"))],
+    ids=["MoMo", "MoMo-estimate", "MoMo-bias", "MoMoAdam", "MoMoAdam-estimate", "MoMoAdam-euclidean"],
 )
 def test_without_constraints_it_is_momo(ours: type, theirs: type, kwargs: dict, two_groups: bool) -> None:
     # m = 0: n = 0, P = I, so SQP-MoMo is MoMo and SQP-MoMo-Adam is MoMo-Adam (no weight decay): the same
     # trajectory to 1e-12 in float64, the lr alternating so both branches of tau occur.
     def make(cls: type, xs: list[torch.Tensor]):
         groups = [{"params": xs[:1]}, {"params": xs[1:], "lr": 0.3}] if two_groups else [{"params": xs}]
-        return cls(groups, lr=1.0, **kwargs)
+        return cls(groups, lr=1.0, **(kwargs if cls is ours else {k: v for k, v in kwargs.items() if k != "geometry"}))
 
     a = [torch.nn.Parameter(x0()[:4].clone()), torch.nn.Parameter(x0()[4:].clone())]
     b = [torch.nn.Parameter(x0()[:4].clone()), torch.nn.Parameter(x0()[4:].clone())]
@@ -284,6 +320,7 @@ def test_a_zero_direction_gives_only_the_normal_step(cls: type) -> None:
         (lambda p: SQPMoMoAdam(p, betas=(0.9, 1.0)), "betas"),
         (lambda p: SQPMoMoAdam(p, eps=0.0), "eps"),
         (lambda p: SQPMoMoAdam(p, precision="half"), "precision"),
+        (lambda p: SQPMoMoAdam(p, geometry="diagonal"), "geometry"),
     ],
 )
 def test_bad_hyperparameters_raise(make, message: str) -> None:
@@ -307,11 +344,11 @@ def test_the_loss_is_required_and_bad_inputs_are_named() -> None:
     assert torch.equal(x.detach(), torch.zeros(3, dtype=F64)) and not opt.state  # nothing changed
 
 
-@pytest.mark.parametrize("cls", [SQPMoMo, SQPMoMoAdam])
-def test_groups_with_different_lrs_keep_the_linearized_constraints(cls: type) -> None:
+@pytest.mark.parametrize("cls,options", FLAVOURS, ids=CLASS_IDS)
+def test_groups_with_different_lrs_keep_the_linearized_constraints(cls: type, options: dict) -> None:
     # each group has its own tau_i = min(lr_i / rho, zeta); -diag(tau) P d is projected again, so J dx = -c
     a, b = torch.nn.Parameter(x0()[:3].clone()), torch.nn.Parameter(x0()[3:].clone())
-    opt = cls([{"params": [a], "lr": 1e-3}, {"params": [b], "lr": 2.0}])
+    opt = cls([{"params": [a], "lr": 1e-3}, {"params": [b], "lr": 2.0}], **options)
     differed = False
     for k in range(5):
         opt.zero_grad()
@@ -327,22 +364,22 @@ def test_groups_with_different_lrs_keep_the_linearized_constraints(cls: type) ->
     assert differed
 
 
-@pytest.mark.parametrize("cls", [SQPMoMo, SQPMoMoAdam])
-def test_rank_deficient_jacobian_and_the_normal_step_cap(cls: type) -> None:
+@pytest.mark.parametrize("cls,options", FLAVOURS, ids=CLASS_IDS)
+def test_rank_deficient_jacobian_and_the_normal_step_cap(cls: type, options: dict) -> None:
     # a duplicated constraint row: the numerical rank is 1, the step stays finite and J dx = -c (c consistent);
     # max_normal_step = r caps ||n|| <= r ||x||
     x = torch.nn.Parameter(torch.ones(4, dtype=F64))
     row = torch.tensor([1.0, 2.0, -1.0, 0.5], dtype=F64)
     J, c = torch.stack([row, row]), torch.tensor([3.0, 3.0], dtype=F64)
     x.grad = torch.tensor([0.3, -0.2, 0.1, 0.4], dtype=F64)
-    opt = cls([x], lr=0.1)
+    opt = cls([x], lr=0.1, **options)
     opt.step(lambda: torch.tensor(0.5, dtype=F64), constraints=c, jacobian=J, diagnostics=True)
     assert int(opt.diagnostics["rank"]) == 1
     torch.testing.assert_close(J @ (x.detach() - 1.0), -c, rtol=1e-12, atol=1e-12)
 
     capped = torch.nn.Parameter(torch.ones(4, dtype=F64))
     capped.grad = torch.zeros(4, dtype=F64)
-    opt = cls([capped], lr=0.1, max_normal_step=0.1)
+    opt = cls([capped], lr=0.1, max_normal_step=0.1, **options)
     opt.step(lambda: torch.tensor(0.5, dtype=F64), constraints=c[:1], jacobian=J[:1], diagnostics=True)
     assert float((torch.linalg.pinv(J[:1]) @ c[:1]).norm()) > 0.2  # the full normal step is longer than the cap
     assert float(opt.diagnostics["normal_step_norm"]) == pytest.approx(0.2, rel=1e-12)  # 0.1 ||x||, ||x|| = 2
