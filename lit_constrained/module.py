@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
@@ -345,6 +346,11 @@ class ConstrainedModule(pl.LightningModule, ABC):
         optimizer = self.optimizers().optimizer
         schedulers = trainer.lr_scheduler_configs
         scheduler = schedulers[0].scheduler if schedulers else None
+        if isinstance(scheduler, ReduceLROnPlateau) and not trainer.limit_val_batches:
+            rank_zero_warn(
+                "ReduceLROnPlateau is stepped at the end of each validation, and this fit does not validate "
+                "(limit_val_batches=0): its lr will not change. Let the fit validate, or use another scheduler."
+            )
         has_constraints, has_residual = self._has_constraints(), self._has_residual()
         write_summary(
             trainer,

@@ -100,9 +100,9 @@ class BatchSyncs(Callback):
 
 
 
-def run(optimizer: Any) -> tuple[CountedCurve, BatchSyncs]:
+def run(optimizer: Any, **module_kwargs: Any) -> tuple[CountedCurve, BatchSyncs]:
     torch.manual_seed(0)
-    task = CountedCurve(hidden=16, optimizer=optimizer)
+    task = CountedCurve(hidden=16, optimizer=optimizer, **module_kwargs)
     batches = BatchSyncs()
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_steps=STEPS, logger=MemoryLogger(), log_every_n_steps=LOG_EVERY,
@@ -118,12 +118,14 @@ def run(optimizer: Any) -> tuple[CountedCurve, BatchSyncs]:
 OPTIMIZERS = {
     "sqp_adam": functools.partial(SQPAdam, lr=1e-3),  # constraints and Jacobian path
     "torch_adam": functools.partial(torch.optim.Adam, lr=1e-3),  # objective only
+    "sqp_adam_clipped": functools.partial(SQPAdam, lr=1e-3),  # with max_grad_norm (Lightning's clip_gradients)
 }
+MODULE_KWARGS = {"sqp_adam_clipped": {"max_grad_norm": 0.1}}
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_the_step_owner_makes_one_host_sync_per_step(name: str) -> None:
-    task, _ = run(OPTIMIZERS[name])
+    task, _ = run(OPTIMIZERS[name], **MODULE_KWARGS.get(name, {}))
     assert len(task.records) == STEPS
     for step, record in enumerate(task.records):
         own = record["stepper"] - record["optimizer"]
@@ -134,7 +136,7 @@ def test_the_step_owner_makes_one_host_sync_per_step(name: str) -> None:
 
 def _table() -> None:  # pragma: no cover - a report for the README / the lead
     for name, optimizer in OPTIMIZERS.items():
-        task, batches = run(optimizer)
+        task, batches = run(optimizer, **MODULE_KWARGS.get(name, {}))
         print(f"{name}: step, logging step?, stepper (own), optimizer, logging (training_step - stepper), whole batch")
         for step, (r, whole) in enumerate(zip(task.records, batches.counts)):
             own = r["stepper"] - r["optimizer"]

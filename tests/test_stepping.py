@@ -204,3 +204,9 @@ def test_other_schedulers_are_stepped_after_every_optimizer_step() -> None:
     trainer.fit(model, CurveData(num_samples=16, batch_size=4))
     assert model.lr_per_step == [0.01] * 3 + [0.005] * 3 + [0.0025]
     assert trainer.lr_scheduler_configs[0].interval == "step"
+
+
+def test_a_plateau_scheduler_in_a_fit_without_validation_warns() -> None:
+    with pytest.warns(UserWarning, match="does not validate"):
+        model = plateau_run([1.0], steps=2, limit_val_batches=0)
+    assert model.lr_per_step == [0.01, 0.01]
