@@ -89,19 +89,30 @@ class AdamCon(ConstrainedOptimizer):
         v_new = self._buffer("exp_avg_sq_next", shape, dtype, device)
         inv_sqrt_h = self._buffer("inverse_sqrt_scaling", shape, dtype, device)
         w = self._buffer("direction", shape, dtype, device)
-        for group, block in self._group_blocks():
+        blocks = self._group_blocks()
+        scales = []
+        for group, block in blocks:
             beta1, beta2 = (float(b) for b in group["betas"])
-            torch.mul(m[block], beta1, out=m_new[block]).add_(g[block], alpha=1.0 - beta1)
+            torch.lerp(m[block], g[block], 1.0 - beta1, out=m_new[block])
             torch.mul(v[block], beta2, out=v_new[block]).addcmul_(g[block], g[block], value=1.0 - beta2)
             # H^{-1/2} = (v_hat + eps)^{-1/4}
             torch.div(v_new[block], 1.0 - beta2**k, out=inv_sqrt_h[block]).add_(float(group["eps"]))
             inv_sqrt_h[block].sqrt_().rsqrt_()
-            # w = -H^{-1/2} m_hat: the tangential direction in the scaled variable z = H^{1/2} d
-            torch.mul(m_new[block], inv_sqrt_h[block], out=w[block]).mul_(-1.0 / (1.0 - beta1**k))
+            # w = -H^{-1/2} m_hat: the tangential direction in the scaled variable z = H^{1/2} d; the scalar
+            # -1 / (1 - beta1^k) is folded into the merged step when the groups share it
+            torch.mul(m_new[block], inv_sqrt_h[block], out=w[block])
+            scales.append(-1.0 / (1.0 - beta1**k))
+        tangent_scale = 1.0
+        if all(scale == scales[0] for scale in scales):
+            tangent_scale = scales[0]
+        else:
+            for scale, (_, block) in zip(scales, blocks):
+                w[block].mul_(scale)
         scaled = self._buffer("scaled_jacobian", tuple(jacobian.shape), dtype, device)
         torch.mul(jacobian, inv_sqrt_h, out=scaled)  # J~ = J H^{-1/2}; NaN/inf in g or J shows in its Gram
         factor, finite = self._factorize(scaled)
-        return Projection(scaled, factor, finite, {"inverse_sqrt_scaling": inv_sqrt_h, "direction": w, "c": c})
+        return Projection(scaled, factor, finite, {"inverse_sqrt_scaling": inv_sqrt_h, "direction": w, "c": c},
+                          tangent_scale=tangent_scale)
 
     def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
                  diagnostics: dict[str, Tensor] | None) -> Tensor:
@@ -109,7 +120,7 @@ class AdamCon(ConstrainedOptimizer):
             state[key], self._buffers[key + "_next"] = self._buffers[key + "_next"], state[key]
         w = projection.extras["direction"]
         if diagnostics is not None and projection.jacobian.shape[0]:  # y of the KKT system
-            Jw = matvec(projection.jacobian, w)
+            Jw = projection.tangent_scale * matvec(projection.jacobian, w)
             diagnostics["multiplier_norm"] = projection.factor.solve(projection.extras["c"] + Jw).norm()
         return w
 
@@ -121,11 +132,23 @@ class AdamCon(ConstrainedOptimizer):
         return step.mul_(projection.extras["inverse_sqrt_scaling"])  # d = H^{-1/2} z
 
     def _normal_norm(self, projection: Projection, c: Tensor) -> Tensor:
-        """||H^{-1/2} J~^+ c||: one pass over J~ (the scaling breaks the free identity of the SQP methods);
-        the direction -J~^+ c is kept for the step itself (``extras["normal_direction"]``)."""
-        n, dtype = projection.jacobian.shape[1], projection.jacobian.dtype
-        direction = self._buffer("normal_direction", (n,), dtype, c.device)
-        merged_step(projection.jacobian, projection.factor, None, 0.0, c, 0, direction)
+        """||H^{-1/2} J~^+ c||: a pass over J~ (the scaling breaks the free identity of the SQP methods).
+        The direction -J~^+ c is kept for the step itself (``extras["normal_direction"]``), and when the
+        groups share one lr (``projection.step_scale`` = a) the same pass forms the tangential part,
+        :math:`-\tilde J^T \tilde G^+ (a \tilde J w)` (``extras["tangent_direction"]``): one product
+        :math:`Y^T \tilde J` with two columns in Y costs one read of J~, like one of them."""
+        J, factor = projection.jacobian, projection.factor
+        n, dtype = J.shape[1], J.dtype
+        a = projection.step_scale
+        if a is None:
+            direction = self._buffer("normal_direction", (n,), dtype, c.device)
+            merged_step(J, factor, None, 0.0, c, 0, direction)
+        else:
+            rhs = torch.stack([c, a * matvec(J, projection.extras["direction"])], dim=1)
+            directions = self._buffer("directions", (2, n), dtype, c.device)
+            torch.mm(factor.solve(rhs).T.neg().to(dtype), J, out=directions)
+            direction = directions[0]
+            projection.extras["tangent_direction"] = directions[1]
         projection.extras["normal_direction"] = direction
         scratch = self._buffer("normal", (n,), dtype, c.device)
         return torch.mul(direction, projection.extras["inverse_sqrt_scaling"], out=scratch).norm().to(torch.float64)

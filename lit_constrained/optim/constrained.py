@@ -164,6 +164,10 @@ class Projection:
     extras: dict[str, Any] = field(default_factory=dict)
     tangent_scale: float = 1.0
     """A scalar multiplying w, set by ``_tangent`` (folded into the merged step: no pass over w)."""
+    step_scale: float | None = None
+    """a = lr * tangent_scale when all groups share one lr (set before ``_normal_norm``), else None: a
+    ``_normal_norm`` that makes a pass over J~ may then form the tangential part a P~ w in the same pass
+    (``extras["tangent_direction"]`` = -J~^T G~^+ (a J~ w), next to ``extras["normal_direction"]``)."""
 
 
 class ConstrainedOptimizer(Optimizer, ABC):
@@ -404,15 +408,20 @@ class ConstrainedOptimizer(Optimizer, ABC):
             normal_norm = torch.zeros((), dtype=torch.float64, device=device)
         elif uniform or rho == "full":
             s = 1.0 if rho == "full" else lr * float(rho)
+            projection.step_scale = a if uniform else None
             scale, normal_norm = self._normal_scale(projection, c, s, params, state)
             if uniform:
                 workspace, scaled = self._exact_workspace(projection.jacobian), self._scaled(projection, J)
                 normal = projection.extras.get("normal_direction")
+                tangent = projection.extras.get("tangent_direction")
                 if normal is None:
                     merged_step(projection.jacobian, projection.factor, w, a, scale * c, refinements, delta,
                                 workspace, scaled, exact_residual)
                 else:  # -J~^+ c was formed for the safeguard's norm: reuse it, a P~ w + s (-J~^+ c)
-                    merged_step(projection.jacobian, projection.factor, w, a, torch.zeros_like(c), 0, delta)
+                    if tangent is None:
+                        merged_step(projection.jacobian, projection.factor, w, a, torch.zeros_like(c), 0, delta)
+                    else:  # -J~^T G~^+ (a J~ w) came from the same pass: a P~ w = a w + tangent
+                        torch.add(tangent, w, alpha=a, out=delta)
                     delta.addcmul_(normal, scale.to(delta.dtype))
                     refine_(projection.jacobian, projection.factor, delta, scale * c, refinements, workspace,
                             scaled, exact_residual)

@@ -100,9 +100,16 @@ class SQPHeavyBall(ConstrainedOptimizer):
 
     def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
                  diagnostics: dict[str, Tensor] | None) -> Tensor:
-        u = projected_gradient(self, projection, g, diagnostics)  # P g
         r = state["momentum"]
-        for group, block in self._group_blocks():
+        blocks = self._group_blocks()
+        shared = _shared_momentum(blocks, "momentum")
+        if shared is not None:  # r = beta r - P g / h = lerp(r, kappa P g, 1 - beta): one pass over r
+            beta, h = shared
+            u = projected_gradient(self, projection, g, diagnostics, scale=-1.0 / (h * (1.0 - beta)))
+            r.lerp_(u, 1.0 - beta)
+            return r
+        u = projected_gradient(self, projection, g, diagnostics)  # P g
+        for group, block in blocks:
             r[block].mul_(float(group["momentum"])).add_(u[block], alpha=-1.0 / float(group["h"]))
         return r  # d = v + P r: projected in the merged step
 
@@ -173,16 +180,27 @@ class SQPAdam(ConstrainedOptimizer):
     def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
                  diagnostics: dict[str, Tensor] | None) -> Tensor:
         k = state["step"]
-        u = projected_gradient(self, projection, g, diagnostics)  # P g (u_k = -P g / h)
         r, s = state["momentum"], state["second_moment"]
         w = self._buffer("direction", tuple(r.shape), r.dtype, r.device)
         blocks = self._group_blocks()
+        shared = _shared_momentum(blocks, "betas")
+        if shared is not None:
+            # u_k = -P g / h = (1 - beta1) u' with u' = kappa P g: r = lerp(r, u', 1 - beta1) in one pass,
+            # s = beta2 s + (1 - beta1)^2 u' * u'
+            beta1, h = shared
+            u = projected_gradient(self, projection, g, diagnostics, scale=-1.0 / (h * (1.0 - beta1)))
+        else:
+            u = projected_gradient(self, projection, g, diagnostics)  # P g (u_k = -P g / h)
         etas = []
         for group, block in blocks:
             beta1, beta2 = (float(b) for b in group["betas"])
-            h = float(group["h"])
-            r[block].mul_(beta1).add_(u[block], alpha=-1.0 / h)
-            s[block].mul_(beta2).addcmul_(u[block], u[block], value=1.0 / h**2)
+            if shared is not None:
+                r[block].lerp_(u[block], 1.0 - beta1)
+                s[block].mul_(beta2).addcmul_(u[block], u[block], value=(1.0 - beta1) ** 2)
+            else:
+                h = float(group["h"])
+                r[block].mul_(beta1).add_(u[block], alpha=-1.0 / h)
+                s[block].mul_(beta2).addcmul_(u[block], u[block], value=1.0 / h**2)
             torch.add(s[block], float(group["eps"]), out=w[block]).sqrt_()
             torch.div(r[block], w[block], out=w[block])  # r / sqrt(s + eps)
             etas.append((1.0 - beta1) * math.sqrt(1.0 - beta2**k) / math.sqrt(1.0 - beta2))
@@ -204,15 +222,21 @@ def projected_gradient_setup(opt: ConstrainedOptimizer, g: Tensor, jacobian: Ten
     return Projection(jacobian, factor, finite & torch.isfinite(Jg).all(), {"Jg": Jg, "c": c})
 
 
+def _shared_momentum(blocks: list[tuple[dict[str, Any], slice]], key: str) -> tuple[float, float] | None:
+    """(beta1, h) when every group has the same first momentum and h and beta1 < 1, else None."""
+    pairs = {(float(group[key][0] if key == "betas" else group[key]), float(group["h"])) for group, _ in blocks}
+    return next(iter(pairs)) if len(pairs) == 1 else None
+
+
 def projected_gradient(opt: ConstrainedOptimizer, projection: Projection, g: Tensor,
-                       diagnostics: dict[str, Tensor] | None) -> Tensor:
-    """P g = g - J^T G^+ J g into a workspace (one pass over J)."""
+                       diagnostics: dict[str, Tensor] | None, scale: float = 1.0) -> Tensor:
+    """scale * P g = scale (g - J^T G^+ J g) into a workspace (one pass over J; the scale is free)."""
     factor, Jg = projection.factor, projection.extras["Jg"]
     u = opt._buffer("projected_gradient", tuple(g.shape), g.dtype, g.device)
     if not Jg.numel():
-        return u.copy_(g)
+        return u.copy_(g) if scale == 1.0 else torch.mul(g, scale, out=u)
     J = projection.jacobian
-    torch.addmv(g, J.T, factor.solve(Jg).to(J.dtype), alpha=-1.0, out=u)
+    torch.addmv(g, J.T, factor.solve(Jg).to(J.dtype), beta=scale, alpha=-scale, out=u)
     if Jg.numel():
         if diagnostics is not None:  # the KKT multiplier of beta = 0
             diagnostics["multiplier_norm"] = factor.solve(projection.extras["c"] - Jg).norm()
