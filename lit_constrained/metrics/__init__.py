@@ -1,6 +1,7 @@
 """torchmetrics Metrics for constraint violation, correct under DDP (synced value = value on the union).
 
 ``functional`` holds the one-shot functions; the classes accumulate over batches and ranks.
+``relative_l2`` holds the tasks' test error against a reference solution (:class:`RelativeL2Error`).
 """
 
 from . import functional
@@ -18,6 +19,7 @@ from .mean import MeanViolation
 from .norms import L1Violation, L2Violation
 from .registry import VIOLATION_METRICS, MetricName, build_violation_metric, check_metric_names
 from .relative import RelativeViolation
+from .relative_l2 import RelativeL2Error, relative_l2_error
 
 __all__ = [
     "VIOLATION_METRICS",
@@ -26,11 +28,13 @@ __all__ = [
     "MaxViolation",
     "MeanViolation",
     "MetricName",
+    "RelativeL2Error",
     "RelativeViolation",
     "ViolationMetric",
     "build_violation_metric",
     "check_metric_names",
     "functional",
+    "relative_l2_error",
     "relative_violation",
     "violation_l1",
     "violation_l2",

@@ -4,16 +4,25 @@ Row i is the gradient of :math:`c_i` with respect to all parameters, each flatte
 order, complex parameters as ``view_as_real`` (PyTorch's gradient of a real function of
 :math:`z = a + i b` is :math:`\partial/\partial a + i\,\partial/\partial b`, so the real view is the
 gradient with respect to (a, b)).
+
+Two strategies:
+
+* :func:`constraint_jacobian`: any 1-D ``constraints`` tensor attached to the graph (one batched
+  ``torch.autograd.grad``, or one backward per row);
+* :func:`per_sample_jacobian`: constraints that each depend on ONE sample of a batch (a residual at a
+  node of one sample), differentiated per sample with ``torch.func`` (``jacrev`` ``vmap``-ed over the
+  samples, grouped by :func:`constraint_units`).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.func import jacrev, vmap
 
 from .flat import real_view
 
@@ -113,3 +122,111 @@ _SECOND_BACKWARD = (
     "torch.autograd.grad call inside constraints() (e.g. an ODE residual's du/dt): compute the residual "
     "with create_graph=True: torch.autograd.grad(u.sum(), t, create_graph=True)."
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-sample constraints: one torch.func Jacobian per sample
+# ---------------------------------------------------------------------------------------------
+
+GroupingMode = Literal["auto", "rows", "samples"]
+
+
+def constraint_units(sample: Tensor, node: Tensor, mode: GroupingMode = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """How the per-sample Jacobian batches the constraints: ``(owner, table, unit, slot)``.
+
+    A *unit* is one functional evaluation on one sample followed by the backward passes of its rows:
+    ``owner[u]`` is the sample of unit u, ``table[u]`` the (padded) residual nodes it differentiates,
+    and constraint i is row ``slot[i]`` of unit ``unit[i]``.
+
+    * ``"rows"``: one unit per constraint (m forward and m backward passes);
+    * ``"samples"``: one unit per distinct sample, padded to the largest number of constraints on one
+      sample G (S forward and S G backward passes);
+    * ``"auto"``: the cheaper of the two, counting a backward pass as two forward passes
+      (:func:`per_sample_jacobian` takes ``"rows"`` on an accelerator: the cost model needs the
+      group sizes on the host, a sync per step).
+
+    One ``vmap`` call covers all units: on small networks each call has a fixed cost of the order of
+    a whole batched pass, so one padded call beats one call per group size.
+    """
+    if sample.dim() != 1 or sample.shape != node.shape:
+        raise ValueError(
+            f"sample and node must be 1-D index tensors of the same length, got {tuple(sample.shape)} and {tuple(node.shape)}."
+        )
+    if mode not in ("auto", "rows", "samples"):
+        raise ValueError(f"grouping mode must be 'auto', 'rows' or 'samples', got {mode!r}.")
+    m = sample.numel()
+    if mode == "rows":  # no data-dependent shape: no host sync on an accelerator
+        index = torch.arange(m, device=sample.device)
+        return sample, node[:, None], index, torch.zeros_like(index)
+    distinct, inverse, counts = torch.unique(sample, return_inverse=True, return_counts=True)
+    width = int(counts.max()) if m else 0
+    if mode == "auto":
+        mode = "rows" if 3 * m <= distinct.numel() * (1 + 2 * width) else "samples"
+    if mode == "rows":
+        index = torch.arange(m, device=sample.device)
+        return sample, node[:, None], index, torch.zeros_like(index)
+    order = torch.argsort(inverse, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.empty_like(inverse)
+    slot[order] = torch.arange(m, device=sample.device) - starts[inverse[order]]
+    table = torch.zeros(distinct.numel(), width, dtype=node.dtype, device=node.device)  # padding: node 0
+    table[inverse, slot] = node
+    return distinct, table, inverse, slot
+
+
+def per_sample_jacobian(
+    module: nn.Module,
+    params: Sequence[Tensor],
+    sample_residuals: Callable[..., Tensor],
+    sample_inputs: Sequence[Tensor],
+    sample: Tensor,
+    node: Tensor,
+    mode: GroupingMode = "auto",
+) -> Tensor:
+    r"""The Jacobian of ``c_i = sample_residuals(theta, *inputs[sample_i])[node_i]`` w.r.t. ``params``.
+
+    ``sample_residuals(param_dict, *per_sample_inputs)`` evaluates ``module`` functionally on ONE
+    sample (``functional_call``) and returns a 1-D tensor of that sample's residuals. Constraint i
+    depends only on its own sample, so J is assembled per sample: ``jacrev`` of a sample's residuals,
+    ``vmap``-ed over the samples (grouped as :func:`constraint_units` says). That is one backward
+    pass per row through ONE sample's graph, instead of m backward passes through the graph of the
+    whole constraint batch (the general autograd Jacobian).
+
+    Returns ``(m, n)`` in the flat layout of ``params`` (in the given order; complex parameters as
+    ``view_as_real``: the derivative w.r.t. the real part, then the imaginary part, per entry). The
+    differentiation variable IS the real view, so no conjugation convention enters.
+    Parameters of ``module`` not in ``params`` are held at their current values.
+    """
+    names = {id(p): name for name, p in module.named_parameters()}
+    params = list(params)
+    missing = [i for i, p in enumerate(params) if id(p) not in names]
+    if missing:
+        raise ValueError(
+            f"params {missing} are not parameters of {type(module).__name__}; the per-sample Jacobian "
+            "needs the module's own parameters (or set vmap_jacobian=False)."
+        )
+    keys = [names[id(p)] for p in params]
+    is_complex = [p.is_complex() for p in params]
+    real = tuple(real_view(p).detach() for p in params)
+    n = sum(r.numel() for r in real)
+    m = sample.numel()
+    if m == 0:
+        return torch.zeros(0, n, dtype=real[0].dtype if real else torch.get_default_dtype(), device=sample.device)
+    if mode == "auto" and sample.device.type != "cpu":
+        mode = "rows"  # the cost model reads counts on the host: on an accelerator, no host sync instead
+    owner, table, unit, slot = constraint_units(sample, node, mode)
+
+    def residuals_at(real_params: tuple[Tensor, ...], nodes: Tensor, *inputs: Tensor) -> Tensor:
+        values = {
+            key: torch.view_as_complex(r) if cplx else r
+            for key, r, cplx in zip(keys, real_params, is_complex)
+        }
+        return sample_residuals(values, *inputs)[nodes]
+
+    in_dims = (None, 0) + (0,) * len(sample_inputs)
+    inputs = [t[owner] for t in sample_inputs]
+    jac = vmap(jacrev(residuals_at), in_dims=in_dims)(real, table, *inputs)
+    flat = torch.cat([j.reshape(table.shape[0], table.shape[1], -1) for j in jac], dim=2)
+    if mode == "rows" or (table.shape == (m, 1) and torch.equal(unit, torch.arange(m, device=unit.device))):
+        return flat[:, 0]  # one unit per constraint, in order: no gather needed
+    return flat[unit, slot]

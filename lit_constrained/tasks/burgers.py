@@ -35,9 +35,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-import torchmetrics
 from torch import Tensor
 
+from lit_constrained.metrics.relative_l2 import RelativeL2Error
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.tasks.burgers_data import (
     NU,
@@ -101,40 +101,6 @@ def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     """Mean of ``values[mask]``; 0 (still attached to the graph) when the mask is empty."""
     count = mask.sum()
     return torch.where(mask, values, torch.zeros_like(values)).sum() / count.clamp(min=1)
-
-
-class RelativeL2Error(torchmetrics.Metric):
-    r""":math:`\|\hat u - u\|_2 / \|u\|_2` over everything seen since the last reset (correct under DDP:
-    the two sums are reduced over ranks before the ratio).
-
-    Example:
-        >>> import torch
-        >>> metric = RelativeL2Error()
-        >>> metric.update(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 1.0]))
-        >>> metric.update(torch.tensor([3.0]), torch.tensor([1.0]))
-        >>> round(metric.compute().item(), 6)  # sqrt((0 + 1 + 4) / 3)
-        1.290994
-    """
-
-    full_state_update = False
-    is_differentiable = False
-    higher_is_better = False
-    error_sq: Tensor
-    reference_sq: Tensor
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.add_state("error_sq", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("reference_sq", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(self, prediction: Tensor, target: Tensor) -> None:
-        if prediction.shape != target.shape:
-            raise ValueError(f"prediction and target shapes differ: {tuple(prediction.shape)} vs {tuple(target.shape)}.")
-        self.error_sq += (prediction.double() - target.double()).square().sum()
-        self.reference_sq += target.double().square().sum()
-
-    def compute(self) -> Tensor:
-        return (self.error_sq / self.reference_sq.clamp(min=torch.finfo(torch.float64).tiny)).sqrt()
 
 
 class Burgers(ConstrainedModule):

@@ -40,14 +40,9 @@ from scipy.integrate import odeint
 from scipy.special import ive
 from torch import Tensor
 
-from lit_constrained.tasks.common import (
-    CachedArraysData,
-    DEFAULT_CACHE_DIR,
-    BatchMode,
-    RowCollate,
-    check_batch_mode,
-    row_loader,
-)
+from lit_constrained.tasks.cache import DEFAULT_CACHE_DIR
+from lit_constrained.tasks.datamodule import RowDataModule, Split
+from lit_constrained.tasks.sampling import BatchMode
 
 #: viscosity of the paper's problem
 NU = 0.01
@@ -225,7 +220,7 @@ def generate_burgers(
     return arrays
 
 
-class BurgersData(CachedArraysData):
+class BurgersData(RowDataModule):
     """The Burgers rows as batches (float64; the task casts them to its dtype).
 
     A batch is a dict: ``inputs`` (B, 2 + n_x) = [x, t, u0 on the grid], ``u`` (B,) the solution,
@@ -275,16 +270,9 @@ class BurgersData(CachedArraysData):
         cache_dir: str | None = str(DEFAULT_CACHE_DIR),
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
-        check_batch_mode(batch_mode, batch_fraction)
+        super().__init__(batch_mode, batch_fraction, num_workers)
         if solver not in ("cole_hopf", "odeint"):
             raise ValueError(f"solver must be 'cole_hopf' or 'odeint', got {solver!r}.")
-        self.save_hyperparameters()
-        self.batch_mode = batch_mode
-        self.batch_fraction = float(batch_fraction)
-        self.num_workers = num_workers
-        self.arrays: dict[str, np.ndarray] = {}
-        self.tensors: dict[str, Tensor] = {}
 
     def generation_args(self) -> dict[str, Any]:
         """The arguments of :func:`generate_burgers` (also the cache key)."""
@@ -297,29 +285,13 @@ class BurgersData(CachedArraysData):
     def generate(self, **args: Any) -> dict[str, np.ndarray]:
         return generate_burgers(**args)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.tensors:
-            return
-        super().setup(stage)
-        self.tensors["x_con"] = self.tensors["train_inputs"][self.tensors["constraint_rows"]]
+    def as_tensors(self, arrays: dict[str, np.ndarray]) -> dict[str, Tensor]:
+        tensors = super().as_tensors(arrays)
+        tensors["x_con"] = tensors["train_inputs"][tensors["constraint_rows"]]
+        return tensors
 
-    def _collate(self, split: str) -> RowCollate:
-        t = self.tensors
-        rows = {key: t[f"{split}_{key}"] for key in ("inputs", "u", "labeled", "ix", "it", "ic")}
-        return RowCollate(rows=rows, fixed={"x_con": t["x_con"]})
+    def rows(self, split: Split) -> dict[str, Tensor]:
+        return {key: self.tensors[f"{split}_{key}"] for key in ("inputs", "u", "labeled", "ix", "it", "ic")}
 
-    def train_dataloader(self) -> torch.utils.data.DataLoader:
-        n = len(self.tensors["train_u"])
-        return row_loader(n, self._collate("train"), self.batch_mode, self.batch_fraction, True, self.num_workers)
-
-    def _eval_loader(self, split: str) -> torch.utils.data.DataLoader:
-        n = len(self.tensors[f"{split}_u"])
-        if n == 0:
-            raise ValueError(f"BurgersData: no {split} initial conditions (n_{split} = 0); set n_{split} >= 1.")
-        return row_loader(n, self._collate(split), "full", 1.0, False)
-
-    def val_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._eval_loader("val")
-
-    def test_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._eval_loader("test")
+    def fixed(self, split: Split) -> dict[str, Tensor]:
+        return {"x_con": self.tensors["x_con"]}

@@ -29,14 +29,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lit_constrained.tasks.common import (
-    CachedArraysData,
-    DEFAULT_CACHE_DIR,
-    BatchMode,
-    RowCollate,
-    check_batch_mode,
-    row_loader,
-)
+from lit_constrained.tasks.cache import DEFAULT_CACHE_DIR
+from lit_constrained.tasks.datamodule import RowDataModule, Split
+from lit_constrained.tasks.sampling import BatchMode
 
 #: rate constants c1..c5 (Gupta et al. 2016, as used in the paper)
 RATES: tuple[float, ...] = (4.283, 1.191, 5.743, 10.219, 1.535)
@@ -161,7 +156,7 @@ def generate_chemistry(
     return out
 
 
-class ChemistryData(CachedArraysData):
+class ChemistryData(RowDataModule):
     """The reaction-network rows as batches (float64; the task casts them to its dtype).
 
     A training batch is a dict: ``x`` (B, 5) = (u0, t), ``u`` (B, 4) labels, ``labeled`` (B,) bool
@@ -210,14 +205,7 @@ class ChemistryData(CachedArraysData):
         cache_dir: str | None = str(DEFAULT_CACHE_DIR),
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
-        check_batch_mode(batch_mode, batch_fraction)
-        self.save_hyperparameters()
-        self.batch_mode = batch_mode
-        self.batch_fraction = float(batch_fraction)
-        self.num_workers = num_workers
-        self.arrays: dict[str, np.ndarray] = {}
-        self.tensors: dict[str, Tensor] = {}
+        super().__init__(batch_mode, batch_fraction, num_workers)
 
     def generation_args(self) -> dict[str, Any]:
         hp = self.hparams
@@ -228,24 +216,18 @@ class ChemistryData(CachedArraysData):
     def generate(self, **args: Any) -> dict[str, np.ndarray]:
         return generate_chemistry(**args)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.tensors:
-            return
-        super().setup(stage)
-        self.tensors["x_con"] = self.tensors["x"][self.tensors["con_rows"]]
+    def as_tensors(self, arrays: dict[str, np.ndarray]) -> dict[str, Tensor]:
+        tensors = super().as_tensors(arrays)
+        tensors["x_con"] = tensors["x"][tensors["con_rows"]]
+        return tensors
 
-    def train_dataloader(self) -> torch.utils.data.DataLoader:
-        t = self.tensors
-        collate = RowCollate(rows={"x": t["x"], "u": t["u"], "labeled": t["labeled"]}, fixed={"x_con": t["x_con"]})
-        return row_loader(len(t["x"]), collate, self.batch_mode, self.batch_fraction, True, self.num_workers)
+    def rows(self, split: Split) -> dict[str, Tensor]:
+        suffix = _SUFFIX[split]
+        return {key: self.tensors[f"{key}{suffix}"] for key in ("x", "u", "labeled")}
 
-    def _eval_loader(self, suffix: str) -> torch.utils.data.DataLoader:
-        t = self.tensors
-        rows = {"x": t[f"x{suffix}"], "u": t[f"u{suffix}"], "labeled": t[f"labeled{suffix}"]}
-        return row_loader(len(rows["x"]), RowCollate(rows=rows, fixed={"x_con": t["x_con"]}), "full", 1.0, False)
+    def fixed(self, split: Split) -> dict[str, Tensor]:
+        return {"x_con": self.tensors["x_con"]}
 
-    def val_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._eval_loader("_val")
 
-    def test_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._eval_loader("_test")
+#: the arrays' key suffix of each split (``x``, ``x_val``, ``x_test``, ...)
+_SUFFIX: dict[str, str] = {"train": "", "val": "_val", "test": "_test"}

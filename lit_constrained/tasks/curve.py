@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from ..data import EpochShuffleSampler, ResumableLoader
+from .sampling import EpochShuffleSampler, ResumableLoader
 from ..module import ConstrainedModule
 
 

@@ -7,7 +7,7 @@ An FNO maps the permeability (3 input channels on the 16 x 16 node grid: the mas
 :math:`\nu = \nu_+`, and the coordinates x, y) to the solution, scaled by a fixed output scale
 (the training data's standard deviation; u is ~0.01): :math:`u_\theta = s\,\mathrm{FNO}_\theta(\nu)`.
 With :math:`r_\theta` the 5-point finite-difference residual (harmonic-mean faces, the stencil the
-data was solved with, :func:`~lit_constrained.tasks.darcy_data.darcy_residual`), the objective on a
+data was solved with, :func:`darcy_residual`), the objective on a
 batch of samples is
 
 .. math::
@@ -21,207 +21,63 @@ units of the output scale s, like the network's output), and the hard constraint
 (training sample, interior node) pairs.
 
 The constraint Jacobian (m x n; n = 18 733 at the paper's size, complex spectral weights entering as
-``view_as_real``) is the cost of a step. :meth:`Darcy.constraint_jacobian` computes it per sample with ``torch.func``
-(residual i depends on one sample only): ``jacrev`` of the residuals of one sample, ``vmap``-ed over
-the samples the constraints touch (one unit per constraint or per distinct sample, whichever is
-cheaper), through a ``vmap``-safe spectral convolution
-(:class:`~lit_constrained.tasks.spectral.VmapSpectralConv`) and 1x1 convolutions written as
-contractions (:class:`~lit_constrained.tasks.spectral.PointwiseConv1d`). The general autograd helper
-(:func:`lit_constrained.optim.jacobian.constraint_jacobian`, the base class's default) remains
-available (``vmap_jacobian=False``, then the base's ``jacobian_method``) and is the fallback.
+``view_as_real``) is the cost of a step. :meth:`Darcy.constraint_jacobian` computes it per sample
+with ``torch.func`` (residual i depends on one sample only;
+:func:`lit_constrained.optim.jacobian.per_sample_jacobian`): ``jacrev`` of the residuals of one
+sample, ``vmap``-ed over the samples the constraints touch (one unit per constraint or per distinct
+sample, whichever is cheaper), through the network of :func:`~lit_constrained.tasks.fno.build_fno`:
+a ``vmap``-safe spectral convolution (:class:`~lit_constrained.tasks.spectral.VmapSpectralConv`) and
+1x1 convolutions written as contractions (:class:`~lit_constrained.tasks.spectral.PointwiseConv1d`).
+The general autograd helper (:func:`lit_constrained.optim.jacobian.constraint_jacobian`, the base
+class's default) remains available (``vmap_jacobian=False``, then the base's ``jacobian_method``)
+and is the fallback.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import torch
-from neuralop.models import FNO
-from torch import Tensor, nn
-from torch.func import functional_call, jacrev, vmap
+from torch import Tensor
+from torch.func import functional_call
 
-from lit_constrained.module import ConstrainedModule
-from lit_constrained.optim.flat import real_view
-from lit_constrained.callbacks.monitoring import small_figure
 from lit_constrained.batch import cast_floats
+from lit_constrained.callbacks.monitoring import small_figure
+from lit_constrained.metrics.relative_l2 import relative_l2_error
+from lit_constrained.module import ConstrainedModule
+from lit_constrained.optim.jacobian import GroupingMode, per_sample_jacobian
 from lit_constrained.tasks.common import DTypeName, torch_dtype
-from lit_constrained.tasks.darcy_data import DarcyData, boundary_mask, darcy_residual
-from lit_constrained.tasks.spectral import VmapSpectralConv, pointwise_convs_
+from lit_constrained.tasks.darcy_data import DarcyData, boundary_mask
+from lit_constrained.tasks.fno import build_fno, cast_module_
 
-__all__ = ["Darcy", "DarcyData", "PlainStateFNO", "build_fno", "cast_module_", "constraint_units", "per_sample_jacobian"]
+__all__ = ["Darcy", "DarcyData", "darcy_residual"]
 
 
-class PlainStateFNO(FNO, name="PlainStateFNO"):
-    """neuraloperator's FNO with ``torch.nn.Module``'s own ``state_dict`` / ``load_state_dict``.
+def darcy_residual(u: Tensor, nu: Tensor, forcing: float = 1.0) -> Tensor:
+    """The finite-difference PDE residual at the interior nodes, in torch (same stencil as the solver).
 
-    neuraloperator's ``BaseModel.state_dict`` adds an un-prefixed ``"_metadata"`` entry (its init
-    arguments: functions and classes) to the dict it is given, i.e. to the TOP-LEVEL state dict of
-    any module that contains it: ``Darcy.load_state_dict`` then fails on an unexpected key, and a
-    Lightning checkpoint would carry pickled functions. Here the state dict holds tensors only.
+    ``u`` and ``nu`` are ``(..., n, n)`` node values (boundary included); returns ``(..., n-2, n-2)``
+    with ``r = -div(nu grad u) - forcing``. Differentiable, ``vmap``-safe (no in-place writes).
     """
+    if u.shape[-2:] != nu.shape[-2:] or u.shape[-1] != u.shape[-2]:
+        raise ValueError(f"u and nu must be (..., n, n) grids of the same size, got {tuple(u.shape)} and {tuple(nu.shape)}.")
+    n = u.shape[-1]
+    h2 = (1.0 / (n - 1)) ** 2
+    c_nu = nu[..., 1:-1, 1:-1]
+    c_u = u[..., 1:-1, 1:-1]
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return nn.Module.state_dict(self, *args, **kwargs)
+    def flux(nb_nu: Tensor, nb_u: Tensor) -> Tensor:
+        return 2.0 * c_nu * nb_nu / (c_nu + nb_nu) * (nb_u - c_u)
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
-        return nn.Module.load_state_dict(self, state_dict, strict=strict, assign=assign)
-
-
-def build_fno(
-    hidden_channels: int = 4,
-    n_layers: int = 4,
-    n_modes: Sequence[int] = (16, 16),
-    lifting_channel_ratio: float = 2,
-    projection_channel_ratio: float = 2,
-) -> PlainStateFNO:
-    """neuraloperator's 2D FNO, 3 input channels (mask, x, y) -> 1, made fast under ``vmap``.
-
-    ``positional_embedding=None`` (the grid channels are part of the input). The spectral
-    convolutions are :class:`~lit_constrained.tasks.spectral.VmapSpectralConv` and the 1x1
-    convolutions :class:`~lit_constrained.tasks.spectral.PointwiseConv1d` (same parameters and
-    outputs as neuraloperator's layers; per-sample gradients without a loop over samples).
-    """
-    if not isinstance(hidden_channels, int) or hidden_channels < 1:
-        raise ValueError(f"hidden_channels must be a positive integer, got {hidden_channels!r}.")
-    if not isinstance(n_layers, int) or n_layers < 1:
-        raise ValueError(f"n_layers must be a positive integer, got {n_layers!r}.")
-    modes = tuple(int(k) for k in n_modes)
-    if len(modes) != 2 or min(modes) < 1:
-        raise ValueError(f"n_modes must be two positive integers (modes along x and y), got {n_modes!r}.")
-    fno = PlainStateFNO(
-        n_modes=modes,
-        in_channels=3,
-        out_channels=1,
-        hidden_channels=hidden_channels,
-        n_layers=n_layers,
-        lifting_channel_ratio=lifting_channel_ratio,
-        projection_channel_ratio=projection_channel_ratio,
-        positional_embedding=None,
-        conv_module=VmapSpectralConv,
+    div = (
+        flux(nu[..., 2:, 1:-1], u[..., 2:, 1:-1])
+        + flux(nu[..., :-2, 1:-1], u[..., :-2, 1:-1])
+        + flux(nu[..., 1:-1, 2:], u[..., 1:-1, 2:])
+        + flux(nu[..., 1:-1, :-2], u[..., 1:-1, :-2])
     )
-    return pointwise_convs_(fno)
-
-
-def cast_module_(module: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Cast parameters and buffers to ``dtype``, complex ones to the matching complex dtype.
-
-    (``nn.Module.to(torch.float64)`` would drop the imaginary part of complex parameters and
-    ``.double()`` leaves them in single precision.)
-    """
-    complex_dtype = {torch.float32: torch.complex64, torch.float64: torch.complex128}[dtype]
-    with torch.no_grad():
-        for tensor in list(module.parameters()) + list(module.buffers()):
-            if tensor.is_complex():
-                tensor.data = tensor.data.to(complex_dtype)
-            elif tensor.is_floating_point():
-                tensor.data = tensor.data.to(dtype)
-    return module
-
-
-GroupingMode = Literal["auto", "rows", "samples"]
-
-
-def constraint_units(sample: Tensor, node: Tensor, mode: GroupingMode = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """How the per-sample Jacobian batches the constraints: ``(owner, table, unit, slot)``.
-
-    A *unit* is one functional evaluation on one sample followed by the backward passes of its rows:
-    ``owner[u]`` is the sample of unit u, ``table[u]`` the (padded) residual nodes it differentiates,
-    and constraint i is row ``slot[i]`` of unit ``unit[i]``.
-
-    * ``"rows"``: one unit per constraint (m forward and m backward passes);
-    * ``"samples"``: one unit per distinct sample, padded to the largest number of constraints on one
-      sample G (S forward and S G backward passes);
-    * ``"auto"``: the cheaper of the two, counting a backward pass as two forward passes
-      (:func:`per_sample_jacobian` takes ``"rows"`` on an accelerator: the cost model needs the
-      group sizes on the host, a sync per step).
-
-    One ``vmap`` call covers all units: on small networks each call has a fixed cost of the order of
-    a whole batched pass, so one padded call beats one call per group size.
-    """
-    if sample.dim() != 1 or sample.shape != node.shape:
-        raise ValueError(
-            f"sample and node must be 1-D index tensors of the same length, got {tuple(sample.shape)} and {tuple(node.shape)}."
-        )
-    if mode not in ("auto", "rows", "samples"):
-        raise ValueError(f"grouping mode must be 'auto', 'rows' or 'samples', got {mode!r}.")
-    m = sample.numel()
-    if mode == "rows":  # no data-dependent shape: no host sync on an accelerator
-        index = torch.arange(m, device=sample.device)
-        return sample, node[:, None], index, torch.zeros_like(index)
-    distinct, inverse, counts = torch.unique(sample, return_inverse=True, return_counts=True)
-    width = int(counts.max()) if m else 0
-    if mode == "auto":
-        mode = "rows" if 3 * m <= distinct.numel() * (1 + 2 * width) else "samples"
-    if mode == "rows":
-        index = torch.arange(m, device=sample.device)
-        return sample, node[:, None], index, torch.zeros_like(index)
-    order = torch.argsort(inverse, stable=True)
-    starts = torch.cumsum(counts, 0) - counts
-    slot = torch.empty_like(inverse)
-    slot[order] = torch.arange(m, device=sample.device) - starts[inverse[order]]
-    table = torch.zeros(distinct.numel(), width, dtype=node.dtype, device=node.device)  # padding: node 0
-    table[inverse, slot] = node
-    return distinct, table, inverse, slot
-
-
-def per_sample_jacobian(
-    module: nn.Module,
-    params: Sequence[Tensor],
-    sample_residuals: Callable[..., Tensor],
-    sample_inputs: Sequence[Tensor],
-    sample: Tensor,
-    node: Tensor,
-    mode: GroupingMode = "auto",
-) -> Tensor:
-    r"""The Jacobian of ``c_i = sample_residuals(theta, *inputs[sample_i])[node_i]`` w.r.t. ``params``.
-
-    ``sample_residuals(param_dict, *per_sample_inputs)`` evaluates ``module`` functionally on ONE
-    sample (``functional_call``) and returns a 1-D tensor of that sample's residuals. Constraint i
-    depends only on its own sample, so J is assembled per sample: ``jacrev`` of a sample's residuals,
-    ``vmap``-ed over the samples (grouped as :func:`constraint_units` says). That is one backward
-    pass per row through ONE sample's graph, instead of m backward passes through the graph of the
-    whole constraint batch (the general autograd Jacobian).
-
-    Returns ``(m, n)`` in the flat layout of ``params`` (in the given order; complex parameters as
-    ``view_as_real``: the derivative w.r.t. the real part, then the imaginary part, per entry). The
-    differentiation variable IS the real view, so no conjugation convention enters.
-    Parameters of ``module`` not in ``params`` are held at their current values.
-    """
-    names = {id(p): name for name, p in module.named_parameters()}
-    params = list(params)
-    missing = [i for i, p in enumerate(params) if id(p) not in names]
-    if missing:
-        raise ValueError(
-            f"params {missing} are not parameters of {type(module).__name__}; the per-sample Jacobian "
-            "needs the module's own parameters (or set vmap_jacobian=False)."
-        )
-    keys = [names[id(p)] for p in params]
-    is_complex = [p.is_complex() for p in params]
-    real = tuple(real_view(p).detach() for p in params)
-    n = sum(r.numel() for r in real)
-    m = sample.numel()
-    if m == 0:
-        return torch.zeros(0, n, dtype=real[0].dtype if real else torch.get_default_dtype(), device=sample.device)
-    if mode == "auto" and sample.device.type != "cpu":
-        mode = "rows"  # the cost model reads counts on the host: on an accelerator, no host sync instead
-    owner, table, unit, slot = constraint_units(sample, node, mode)
-
-    def residuals_at(real_params: tuple[Tensor, ...], nodes: Tensor, *inputs: Tensor) -> Tensor:
-        values = {
-            key: torch.view_as_complex(r) if cplx else r
-            for key, r, cplx in zip(keys, real_params, is_complex)
-        }
-        return sample_residuals(values, *inputs)[nodes]
-
-    in_dims = (None, 0) + (0,) * len(sample_inputs)
-    inputs = [t[owner] for t in sample_inputs]
-    jac = vmap(jacrev(residuals_at), in_dims=in_dims)(real, table, *inputs)
-    flat = torch.cat([j.reshape(table.shape[0], table.shape[1], -1) for j in jac], dim=2)
-    if mode == "rows" or (table.shape == (m, 1) and torch.equal(unit, torch.arange(m, device=unit.device))):
-        return flat[:, 0]  # one unit per constraint, in order: no gather needed
-    return flat[unit, slot]
+    return -div / h2 - forcing
 
 
 class Darcy(ConstrainedModule):
@@ -250,7 +106,7 @@ class Darcy(ConstrainedModule):
             general autograd Jacobian (``jacobian_method``: ``"auto"``, ``"batched"`` or ``"loop"``).
         jacobian_grouping: how the per-sample Jacobian batches the constraints (one unit per
             constraint, ``"rows"``, or per distinct sample, ``"samples"``; ``"auto"``: the cheaper; see
-            :func:`constraint_units`).
+            :func:`~lit_constrained.optim.jacobian.constraint_units`).
         dtype: ``"float32"`` or ``"float64"`` (spectral weights become complex64 / complex128).
         **kwargs: :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
@@ -368,10 +224,10 @@ class Darcy(ConstrainedModule):
 
     # ------------------------------------------------------------------ metrics and figure
     def relative_l2(self, batch: dict[str, Tensor]) -> Tensor:
-        """Mean over samples of ||u_pred - u||_2 / ||u||_2."""
+        """Mean over samples of ||u_pred - u||_2 / ||u||_2
+        (:func:`~lit_constrained.metrics.relative_l2.relative_l2_error` with ``per_sample=True``)."""
         b = self._batch(batch)
-        u = self(b["x"])
-        return ((u - b["u"]).flatten(1).norm(dim=1) / b["u"].flatten(1).norm(dim=1)).mean()
+        return relative_l2_error(self(b["x"]), b["u"], per_sample=True)
 
     def evaluation_metrics(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
         """``<stage>/rel_l2``: the relative L2 error on the held-out permeabilities."""

@@ -24,8 +24,9 @@ Solver: the 5-point stencil with harmonic-mean face coefficients
     r_{ij}(u) = -\frac{1}{h^2}\Big[a_{i+1/2,j}(u_{i+1,j} - u_{ij}) - a_{i-1/2,j}(u_{ij} - u_{i-1,j})
                 + a_{i,j+1/2}(u_{i,j+1} - u_{ij}) - a_{i,j-1/2}(u_{ij} - u_{i,j-1})\Big] - f,
 
-and the solution satisfies :math:`r = 0`. :func:`darcy_residual` evaluates the same stencil in
-torch (for the network's output grid); :func:`solve_darcy` solves it with ``scipy.sparse``.
+and the solution satisfies :math:`r = 0`. :func:`solve_darcy` solves it with ``scipy.sparse``;
+:func:`lit_constrained.tasks.darcy.darcy_residual` evaluates the same stencil in torch (for the
+network's output grid).
 
 All functions are pure and seeded: the same arguments give the same arrays.
 """
@@ -34,22 +35,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning as L
 import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
 
-from lit_constrained.tasks.common import (
-    DEFAULT_CACHE_DIR,
-    BatchMode,
-    RowCollate,
-    cached_arrays,
-    check_batch_mode,
-    row_loader,
-)
+from lit_constrained.tasks.cache import DEFAULT_CACHE_DIR
+from lit_constrained.tasks.datamodule import RowDataModule, Split
+from lit_constrained.tasks.sampling import BatchMode
 
 
 def _check_grid(n: int) -> None:
@@ -146,31 +140,6 @@ def solve_darcy(nu: np.ndarray, forcing: float = 1.0) -> np.ndarray:
     u = np.zeros_like(nu)
     u[:, 1:-1, 1:-1] = interior
     return u
-
-
-def darcy_residual(u: Tensor, nu: Tensor, forcing: float = 1.0) -> Tensor:
-    """The finite-difference PDE residual at the interior nodes, in torch (same stencil as the solver).
-
-    ``u`` and ``nu`` are ``(..., n, n)`` node values (boundary included); returns ``(..., n-2, n-2)``
-    with ``r = -div(nu grad u) - forcing``. Differentiable, ``vmap``-safe (no in-place writes).
-    """
-    if u.shape[-2:] != nu.shape[-2:] or u.shape[-1] != u.shape[-2]:
-        raise ValueError(f"u and nu must be (..., n, n) grids of the same size, got {tuple(u.shape)} and {tuple(nu.shape)}.")
-    n = u.shape[-1]
-    h2 = (1.0 / (n - 1)) ** 2
-    c_nu = nu[..., 1:-1, 1:-1]
-    c_u = u[..., 1:-1, 1:-1]
-
-    def flux(nb_nu: Tensor, nb_u: Tensor) -> Tensor:
-        return 2.0 * c_nu * nb_nu / (c_nu + nb_nu) * (nb_u - c_u)
-
-    div = (
-        flux(nu[..., 2:, 1:-1], u[..., 2:, 1:-1])
-        + flux(nu[..., :-2, 1:-1], u[..., :-2, 1:-1])
-        + flux(nu[..., 1:-1, 2:], u[..., 1:-1, 2:])
-        + flux(nu[..., 1:-1, :-2], u[..., 1:-1, :-2])
-    )
-    return -div / h2 - forcing
 
 
 def boundary_mask(n: int) -> np.ndarray:
@@ -296,7 +265,7 @@ def darcy_dataset(
 GENERATOR_VERSION = "1"
 
 
-class DarcyData(L.LightningDataModule):
+class DarcyData(RowDataModule):
     """Darcy permeabilities and solutions as batches of whole samples (float64; the task casts).
 
     A batch is a dict: ``x`` (B, 3, n, n) the FNO input (mask, x, y), ``nu`` and ``u`` (B, n, n) the
@@ -327,6 +296,9 @@ class DarcyData(L.LightningDataModule):
         num_workers: DataLoader worker processes (0: the data is tiny).
     """
 
+    cache_name = "darcy"
+    generator_version = GENERATOR_VERSION
+
     def __init__(
         self,
         batch_mode: BatchMode = "full",
@@ -346,27 +318,18 @@ class DarcyData(L.LightningDataModule):
         cache_dir: str | None = str(DEFAULT_CACHE_DIR),
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
-        check_batch_mode(batch_mode, batch_fraction)
-        self.save_hyperparameters()
-        self.batch_mode = batch_mode
-        self.batch_fraction = float(batch_fraction)
-        self.num_workers = num_workers
-        self.tensors: dict[str, Tensor] = {}
+        super().__init__(batch_mode, batch_fraction, num_workers)
         self.setup()  # fail early on bad sizes; cheap
 
-    def _generation_args(self) -> dict[str, Any]:
+    def generation_args(self) -> dict[str, Any]:
+        """The arguments of :func:`darcy_dataset` (also the cache key)."""
         hp = self.hparams
         keys = ("n_train", "n_val", "n_test", "n_generate", "alpha", "tau", "nu_low", "nu_high",
                 "data_fraction", "n_constraints", "seed")
         return {"n": hp.grid, **{k: hp[k] for k in keys}}
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.tensors:
-            return
-        args = self._generation_args()
-        arrays = cached_arrays("darcy", args, lambda: darcy_dataset(**args), self.hparams.cache_dir, GENERATOR_VERSION)
-        self.tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+    def generate(self, **args: Any) -> dict[str, np.ndarray]:
+        return darcy_dataset(**args)
 
     @property
     def u_std(self) -> float:
@@ -384,29 +347,13 @@ class DarcyData(L.LightningDataModule):
             "con_node": t["con_node"],
         }
 
-    def _rows(self, split: str) -> dict[str, Tensor]:
-        t = self.tensors
-        return {key: t[f"{split}_{key}"] for key in ("x", "nu", "u", "data_mask")}
+    def rows(self, split: Split) -> dict[str, Tensor]:
+        return {key: self.tensors[f"{split}_{key}"] for key in ("x", "nu", "u", "data_mask")}
 
-    def train_dataloader(self) -> DataLoader:
-        collate = RowCollate(rows=self._rows("train"), fixed=self.constraint_set())
-        return row_loader(self.hparams.n_train, collate, self.batch_mode, self.batch_fraction, True, self.num_workers)
+    def fixed(self, split: Split) -> dict[str, Tensor]:
+        """The constraint set in every training batch (validation / test batches: the samples only)."""
+        return self.constraint_set() if split == "train" else {}
 
-    def _eval_loader(self, split: str) -> DataLoader:
-        n = self.tensors[f"{split}_u"].shape[0]
-        if n == 0:
-            raise ValueError(f"The {split} set is empty: set n_{split} >= 1 to validate / test.")
-        return row_loader(n, RowCollate(rows=self._rows(split)), "full", 1.0, False)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")
-
-    def example(self, split: str = "test", index: int = 0) -> dict[str, Tensor]:
+    def example(self, split: Split = "test", index: int = 0) -> dict[str, Tensor]:
         """One sample of a split as a batch of size 1 (for figures)."""
-        return {key: value[index:index + 1] for key, value in self._rows(split).items()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
+        return {key: value[index:index + 1] for key, value in self.rows(split).items()}

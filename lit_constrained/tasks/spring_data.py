@@ -24,12 +24,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import lightning as L
+from typing import Any
+
 import numpy as np
 import torch
 from torch import Tensor
 
-from lit_constrained.tasks.common import BatchMode, RowCollate, check_batch_mode, row_loader
+from lit_constrained.tasks.datamodule import RowDataModule, Split
+from lit_constrained.tasks.sampling import BatchMode
 
 
 def spring_constants(mu: float, k: float) -> tuple[float, float, float, float]:
@@ -96,7 +98,7 @@ def spring_points(
     }
 
 
-class SpringData(L.LightningDataModule):
+class SpringData(RowDataModule):
     """The spring's points as batches (float64; the task casts them to its dtype).
 
     A training batch is a dict: ``t_res`` (the sampled collocation points, sharded by the
@@ -131,48 +133,28 @@ class SpringData(L.LightningDataModule):
         k: float = 400.0,
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
-        check_batch_mode(batch_mode, batch_fraction)
-        self.save_hyperparameters()
-        self.batch_mode = batch_mode
-        self.batch_fraction = float(batch_fraction)
-        self.num_workers = num_workers
-        self.arrays: dict[str, np.ndarray] = {}
-        self.tensors: dict[str, Tensor] = {}
+        super().__init__(batch_mode, batch_fraction, num_workers)
         # validate the sizes now, so a bad config fails before the trainer starts
         self.setup()
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.tensors:
-            return
+    def generation_args(self) -> dict[str, Any]:
+        """The arguments of :func:`spring_points`."""
         hp = self.hparams
-        self.arrays = spring_points(
-            n_residual=hp.n_residual,
-            n_data=hp.n_data,
-            data_stride=hp.data_stride,
-            constraint_indices=tuple(hp.constraint_indices),
-            n_test=hp.n_test,
-            mu=hp.mu,
-            k=hp.k,
-        )
-        self.tensors = {key: torch.from_numpy(value)[:, None] for key, value in self.arrays.items()}
+        keys = ("n_residual", "n_data", "data_stride", "constraint_indices", "n_test", "mu", "k")
+        args = {key: hp[key] for key in keys}
+        args["constraint_indices"] = tuple(hp.constraint_indices)
+        return args
 
-    def _fixed(self) -> dict[str, Tensor]:
-        return {key: self.tensors[key] for key in ("t_data", "u_data", "t_con")}
+    def generate(self, **args: Any) -> dict[str, np.ndarray]:
+        return spring_points(**args)
 
-    def train_dataloader(self) -> torch.utils.data.DataLoader:
-        collate = RowCollate(rows={"t_res": self.tensors["t_res"]}, fixed=self._fixed())
-        return row_loader(
-            len(self.tensors["t_res"]), collate, self.batch_mode, self.batch_fraction, True, self.num_workers
-        )
+    def as_tensors(self, arrays: dict[str, np.ndarray]) -> dict[str, Tensor]:
+        """Every array as a column (N, 1): the network's input and output shape."""
+        return {key: torch.from_numpy(value)[:, None] for key, value in arrays.items()}
 
-    def _eval_loader(self) -> torch.utils.data.DataLoader:
-        fixed = {**self._fixed(), "t_test": self.tensors["t_test"], "u_test": self.tensors["u_test"]}
-        collate = RowCollate(rows={"t_res": self.tensors["t_res"]}, fixed=fixed)
-        return row_loader(len(self.tensors["t_res"]), collate, "full", 1.0, False)
+    def rows(self, split: Split) -> dict[str, Tensor]:
+        return {"t_res": self.tensors["t_res"]}
 
-    def val_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._eval_loader()
-
-    def test_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._eval_loader()
+    def fixed(self, split: Split) -> dict[str, Tensor]:
+        keys = ("t_data", "u_data", "t_con") if split == "train" else ("t_data", "u_data", "t_con", "t_test", "u_test")
+        return {key: self.tensors[key] for key in keys}

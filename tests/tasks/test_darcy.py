@@ -13,17 +13,17 @@ from torch import Tensor, nn
 
 from lit_constrained.optim import SQPAdam
 from lit_constrained.optim.flat import gather, group_params, real_view
-from lit_constrained.optim.jacobian import constraint_jacobian
-from lit_constrained.tasks.darcy import Darcy, DarcyData, build_fno, constraint_units, per_sample_jacobian
+from lit_constrained.optim.jacobian import constraint_jacobian, constraint_units, per_sample_jacobian
+from lit_constrained.tasks.darcy import Darcy, DarcyData, darcy_residual
 from lit_constrained.tasks.darcy_data import (
     darcy_dataset,
-    darcy_residual,
     gaussian_random_field,
     generate_darcy,
     medoid_order,
     solve_darcy,
     threshold_field,
 )
+from lit_constrained.tasks.fno import build_fno
 from lit_constrained.tasks.spectral import PointwiseConv1d, VmapSpectralConv
 
 from tests.helpers.lightning import quiet_trainer
@@ -301,17 +301,6 @@ def test_vmap_jacobian_equals_the_general_autograd_jacobian(mode: str) -> None:
     reordered = params[::-1]
     blocks = torch.split(fast, [real_view(p).numel() for p in params], dim=1)
     torch.testing.assert_close(task.constraint_jacobian(batch, c, reordered), torch.cat(blocks[::-1], dim=1))
-
-
-def test_constraint_units_cover_every_constraint_once() -> None:
-    sample = torch.tensor([3, 0, 3, 1, 3, 0])
-    node = torch.tensor([10, 11, 12, 13, 14, 15])
-    for mode in ("rows", "samples"):
-        owner, table, unit, slot = constraint_units(sample, node, mode)
-        assert torch.equal(owner[unit], sample)
-        assert torch.equal(table[unit, slot], node)
-    _, table, _, _ = constraint_units(sample, node, "samples")
-    assert table.shape == (3, 3)
 
 
 def test_jacobian_matches_central_differences_on_real_and_imaginary_parts() -> None:

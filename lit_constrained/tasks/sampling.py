@@ -1,5 +1,5 @@
-"""Data-loading helpers shared by the tasks: a seeded per-epoch shuffle and a loader that resumes
-mid-epoch.
+"""From rows to batches: a seeded per-epoch shuffle, a loader that resumes mid-epoch, and dict batches
+sliced from whole tensors.
 
 Exact resume needs two things from the training loader:
 
@@ -9,15 +9,22 @@ Exact resume needs two things from the training loader:
   of the same permutation: :class:`ResumableLoader` implements ``state_dict`` / ``load_state_dict``,
   which Lightning's fit loop saves in the checkpoint (``loops.fit_loop.state_dict.combined_loader``)
   and restores before it creates the first iterator of the resumed run.
+
+:func:`row_loader` puts the two together for the tasks' row data: the sampler picks row indices
+(:class:`IndexDataset`) and :class:`RowCollate` slices every row tensor at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+BatchMode = Literal["full", "minibatch"]
 
 _SEED_MODULUS = 2**63
 
@@ -128,3 +135,86 @@ class ResumableLoader(DataLoader):
         for batch in base:
             self._handed_out += 1
             yield batch
+
+
+# ---------------------------------------------------------------------------------------------
+# Row data: rows sampled by index, fixed tensors attached to every batch
+# ---------------------------------------------------------------------------------------------
+
+
+def check_batch_mode(batch_mode: str, batch_fraction: float) -> None:
+    """Validate the ``batch_mode`` / ``batch_fraction`` pair of a DataModule or task."""
+    if batch_mode not in ("full", "minibatch"):
+        raise ValueError(f"batch_mode must be 'full' or 'minibatch', got {batch_mode!r}.")
+    if not (isinstance(batch_fraction, (int, float)) and 0.0 < float(batch_fraction) <= 1.0):
+        raise ValueError(f"batch_fraction must lie in (0, 1], got {batch_fraction!r}.")
+
+
+class IndexDataset(Dataset):
+    """The integers ``0 .. n-1``: a sampler (and Lightning's distributed sampler) picks row indices,
+    :class:`RowCollate` turns a list of them into a batch by slicing whole tensors at once."""
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"IndexDataset needs at least one row, got n={n}.")
+        self.n = int(n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return int(i)
+
+
+class RowCollate:
+    """Collate row indices into a dict batch: ``rows[key][idx]`` for each row tensor, plus the
+    ``fixed`` tensors unchanged (points every batch needs whole, e.g. the constraint points, which
+    must be the same on every rank). Picklable, so it works with worker processes and spawn."""
+
+    def __init__(self, rows: Mapping[str, Tensor], fixed: Mapping[str, Tensor] | None = None) -> None:
+        sizes = {k: v.shape[0] for k, v in rows.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"RowCollate: row tensors must have the same first dimension, got {sizes}.")
+        self.rows = dict(rows)
+        self.fixed = dict(fixed or {})
+
+    def __call__(self, indices: list[int]) -> dict[str, Tensor]:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        batch = {k: v[idx] for k, v in self.rows.items()}
+        batch.update(self.fixed)
+        return batch
+
+
+def row_loader(
+    n_rows: int,
+    collate: RowCollate,
+    batch_mode: str,
+    batch_fraction: float,
+    shuffle: bool,
+    num_workers: int = 0,
+    seed: int | None = None,
+) -> ResumableLoader:
+    """Full batch: one batch per epoch holding every row. Mini-batch: batches of
+    ``ceil(batch_fraction * n_rows)`` rows, reshuffled every epoch (the last one may be smaller).
+
+    The shuffle is an :class:`EpochShuffleSampler`: the order of epoch ``e`` is a function of
+    ``(seed, e)`` alone, never of the global RNG. ``seed=None`` takes ``torch.initial_seed()`` (the
+    ``seed_everything`` seed when one was set). The loader is a :class:`ResumableLoader`: its position
+    in the epoch is saved in checkpoints, so a run resumed at any step takes the uninterrupted run's
+    batches. Under DDP Lightning swaps in a distributed sampler, which shards the rows over ranks."""
+    check_batch_mode(batch_mode, batch_fraction)
+    if batch_mode == "full":
+        batch_size = n_rows
+    else:
+        batch_size = max(1, int(math.ceil(batch_fraction * n_rows)))
+    sampler = None
+    if shuffle and batch_mode == "minibatch":
+        sampler = EpochShuffleSampler(n_rows, seed=torch.initial_seed() if seed is None else seed)
+    return ResumableLoader(
+        IndexDataset(n_rows),
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=collate,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )
