@@ -32,8 +32,6 @@ from torch import Tensor
 
 from lit_constrained.batch import as_task_sees_it
 
-_EVAL_STAGES = ("val", "test")
-
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.2e}"
