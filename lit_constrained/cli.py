@@ -1,21 +1,30 @@
-"""The ``lit-constrained`` command: LightningCLI over ConstrainedModule subclasses and DataModules.
+"""The fit layer of ``lit-constrained``: LightningCLI over ConstrainedModule subclasses and DataModules.
 
-``lit-constrained fit --config configs/<task>/<optimizer>.yaml`` (also validate/test/predict,
-``--print_config``, ``--help``; ``compare`` is :mod:`lit_constrained.compare`). The package's
-optimizers, callbacks and tasks are imported here so that short ``class_path`` names (``SQPAdam``,
-``Spring``) resolve; the working directory is on ``sys.path`` (as for ``python -m``), so a config can
-name a task in a file next to it (``class_path: mytask.MyTask``). The parser's behaviour (plain help,
-no abbreviations, no silently dropped init args, the resolved config saved only into the run's log
-directory) is :mod:`lit_constrained.cli_parsing`.
+:func:`run_fit` trains as ``lit-constrained fit <args>`` does, in the calling process; the console
+script (:mod:`lit_constrained.console`) and the comparison's workers (:mod:`lit_constrained.compare`)
+both call it. :func:`main` is the Lightning part of the command line (``[-c CONFIG] [--print_config]
+{fit,validate,test,predict} ...``). This module never imports :mod:`lit_constrained.compare`: the
+comparison is a layer on top of this one.
+
+The package's optimizers, callbacks and tasks are imported here so that short ``class_path`` names
+(``SQPAdam``, ``Spring``) resolve; the working directory is on ``sys.path`` (as for ``python -m``), so
+a config can name a task in a file next to it (``class_path: mytask.MyTask``). The parser's behaviour
+(plain help, no abbreviations, no silently dropped init args, the resolved config saved only into the
+run's log directory) is :mod:`lit_constrained.cli_parsing`.
+
+``python -m lit_constrained.cli ...`` (e.g. under ``torchrun -m``) is the whole ``lit-constrained``
+command.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 
 import lit_constrained.callbacks  # noqa: F401  (registers short class paths)
@@ -28,18 +37,41 @@ from lit_constrained.class_spec import TRUSTED_MODULES, check_trusted, class_pat
 from lit_constrained.cli_parsing import ConstrainedArgumentParser, RunConfigSaver
 from lit_constrained.module import ConstrainedModule
 
-COMPARE_HELP = "Re-run the papers' comparisons (task x method x lr x seed): lit-constrained compare --help"
-
-
 class ConstrainedCLI(LightningCLI):
-    """LightningCLI with the package's defaults (TensorBoard under lightning_logs/)."""
+    """LightningCLI with the package's defaults.
 
-    # --- parsing, help, progress, trusted checkpoints ---
-    def _add_subcommands(self, parser: Any, **kwargs: Any) -> None:
-        """Lightning's subcommands, plus ``compare`` (run by :func:`main` before any parsing) in --help."""
-        super()._add_subcommands(parser, **kwargs)
-        compare = ConstrainedArgumentParser(description=COMPARE_HELP)
-        parser._subcommands_action.add_subcommand("compare", compare, help=COMPARE_HELP)
+    * Constructor defaults: any :class:`~lit_constrained.module.ConstrainedModule` subclass as the
+      model and any LightningDataModule as the data (``class_path`` in the config), the optimizer
+      configured by the module (``auto_configure_optimizers=False``: the module owns its optimizer
+      and scheduler arguments), the package's parser (:mod:`lit_constrained.cli_parsing`) and the
+      resolved config saved into the run's log directory only (:class:`RunConfigSaver`).
+    * ``--ckpt_path``: a checkpoint's hyper-parameters may name only classes of trusted modules.
+    * The Trainer: TensorBoard under ``lightning_logs/<task>/<Optimizer>/version_<nnn>`` when no
+      logger is configured, a line-per-interval progress report when stdout is not a terminal, a
+      rolling crash-safe ``last.ckpt`` unless checkpointing is configured or off, and
+      ``--ckpt_path last`` without a last checkpoint an error (``last-or-fresh`` starts fresh).
+
+    Keyword arguments override the defaults (e.g. ``run=False`` to only parse and instantiate).
+    """
+
+    def __init__(self, args: Any = None, run: bool = True, **kwargs: Any) -> None:
+        defaults: dict[str, Any] = {
+            "model_class": ConstrainedModule,
+            "datamodule_class": pl.LightningDataModule,
+            "subclass_mode_model": True,
+            "subclass_mode_data": True,
+            "auto_configure_optimizers": False,
+            "parser_class": ConstrainedArgumentParser,
+            "save_config_callback": RunConfigSaver,  # into the run's log directory, never over an existing file
+        }
+        super().__init__(**{**defaults, **kwargs}, args=args, run=run)
+
+    # --- parsing, trusted checkpoints, progress ---
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """As LightningCLI's, without its warning about ``args`` given next to a command line: the
+        package's entry points (the console script, the comparison's workers) pass the command line
+        they dispatch as ``args``."""
+        self.config = parser.parse_object(args) if isinstance(args, (dict, Namespace)) else parser.parse_args(args)
 
     def _parse_ckpt_path(self) -> None:
         """Lightning reads ``--ckpt_path``'s hyper-parameters into the config (importing every class
@@ -63,7 +95,7 @@ class ConstrainedCLI(LightningCLI):
             if not any(isinstance(c, pl.callbacks.ProgressBar) for c in [*configured, *callbacks]):
                 callbacks = [*callbacks, LineProgress()]
         return super()._instantiate_trainer(config, callbacks)
-    # --- end parsing, help, progress, trusted checkpoints ---
+    # --- end parsing, trusted checkpoints, progress ---
 
     # --- default logger: runs named by task and optimizer ---
     def _with_default_logger(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -97,24 +129,24 @@ def put_working_directory_on_path() -> None:
         sys.path.insert(0, cwd)
 
 
-def main(args: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if args is None else args
+def main(args: Sequence[str] | None = None) -> None:
+    """The Lightning part of ``lit-constrained``: ``[-c CONFIG] [--print_config] {fit,validate,test,predict}
+    <options>`` (``args``; None: ``sys.argv[1:]``), run in this process."""
     put_working_directory_on_path()
-    if argv and argv[0] == "compare":
-        from lit_constrained.compare import main as compare_main
+    ConstrainedCLI(args=None if args is None else list(args))
 
-        sys.exit(compare_main(argv[1:]))
-    ConstrainedCLI(
-        ConstrainedModule,
-        pl.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        auto_configure_optimizers=False,
-        parser_class=ConstrainedArgumentParser,
-        save_config_callback=RunConfigSaver,  # into the run's log directory, never over an existing file
-        args=args,  # None: LightningCLI reads sys.argv itself (no mixed-arguments warning)
-    )
+
+def run_fit(args: Sequence[str] = (), top_level: Sequence[str] = ()) -> None:
+    """Train as ``lit-constrained [top_level] fit <args>`` does, in this process.
+
+    ``args`` are the fit subcommand's options (``["--config", "run.yaml", "--trainer.max_epochs", "5"]``);
+    ``top_level`` the options LightningCLI takes before the subcommand (``["--config", "all.yaml"]``, a
+    config with a ``fit:`` section). Errors in the arguments exit (``SystemExit``) as on the command line.
+    """
+    main([*top_level, "fit", *args])
 
 
 if __name__ == "__main__":
-    main()
+    from lit_constrained.console import main as console_main  # the whole command, compare included
+
+    console_main()

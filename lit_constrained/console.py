@@ -1,38 +1,110 @@
-"""The ``lit-constrained`` console script: answers ``--help`` at once, then hands over to the CLI.
+"""The ``lit-constrained`` console script: one argparse parser whose subcommands dispatch to the layers.
 
-``lit-constrained`` and ``lit-constrained --help`` print the subcommands without importing torch or
-Lightning (seconds of imports); everything else is :func:`lit_constrained.cli.main`.
+* ``fit``: :func:`lit_constrained.cli.run_fit`; ``validate``, ``test``, ``predict``:
+  :func:`lit_constrained.cli.main`. Everything after these subcommands is handed to LightningCLI
+  unparsed (it has the options: ``lit-constrained fit --help``), and so are LightningCLI's options
+  before the subcommand (``-c/--config``, ``--print_config``).
+* ``compare``: :func:`lit_constrained.compare.run` with the arguments of
+  :func:`lit_constrained.compare.add_arguments`, parsed here.
+
+Building the parser imports neither torch nor Lightning, so ``lit-constrained``, ``lit-constrained
+--help`` and ``lit-constrained compare --help`` answer at once; the layers are imported only when a
+subcommand runs. Nothing imports this module but the console script (and ``python -m
+lit_constrained.cli``, which is this command).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Sequence
+from typing import Any
 
-HELP = """usage: lit-constrained {fit,validate,test,predict,compare} ...
+from lit_constrained import compare
 
-lit-constrained: train networks with hard equality constraints (PyTorch Lightning).
+PROG = "lit-constrained"
+DESCRIPTION = "lit-constrained: train networks with hard equality constraints (PyTorch Lightning)."
 
-subcommands:
-  fit        train: lit-constrained fit --config configs/spring/recommended/sqp_adam.yaml
-  validate   one pass over the validation data (--ckpt_path to evaluate a checkpoint)
-  test       one pass over the test data
-  predict    run the model's forward on the prediction data
-  compare    re-run the papers' comparisons (task x method x lr x seed)
+#: LightningCLI's subcommands and what each does, in the words of ``lit-constrained --help``.
+LIGHTNING_SUBCOMMANDS = {
+    "fit": "train: lit-constrained fit --config configs/spring/recommended/sqp_adam.yaml",
+    "validate": "one pass over the validation data (--ckpt_path to evaluate a checkpoint)",
+    "test": "one pass over the test data",
+    "predict": "run the model's forward on the prediction data",
+}
 
+EPILOG = """\
 Each subcommand has its own help, e.g. lit-constrained fit --help (all Trainer, model and data
 options), lit-constrained fit --model.help lit_constrained.tasks.spring.Spring (one task's options),
 lit-constrained compare --help. A config names a task by class path; a task in a file next to the
 config (mytask.py) is found from the working directory: class_path: mytask.MyTask."""
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print(HELP)
-        return
-    from lit_constrained.cli import main as cli_main
+class _CommandParser(argparse.ArgumentParser):
+    """The top-level parser: a bare ``--print_config`` takes no value (as in jsonargparse, which reads it
+    as ``--print_config=``), so ``--print_config fit`` leaves ``fit`` to be the subcommand."""
 
-    cli_main(argv)
+    def _parse_optional(self, arg_string: str) -> Any:
+        return super()._parse_optional("--print_config=" if arg_string == "--print_config" else arg_string)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``lit-constrained`` (the Lightning subcommands' own options are theirs)."""
+    p = _CommandParser(
+        prog=PROG, description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-c", "--config", action="append", default=[], metavar="CONFIG",
+                   help="a config with one section per subcommand (fit: ..., test: ...); for fit, validate, "
+                        "test and predict (a subcommand's own --config takes that subcommand's config)")
+    p.add_argument("--print_config", nargs=1, default=None, metavar="[=FLAGS]",
+                   help="print the resolved config (of fit, validate, test or predict) and exit; flags: "
+                        "comments, skip_default, skip_unset (comma-separated)")
+    subcommands = p.add_subparsers(dest="subcommand", title="subcommands", parser_class=argparse.ArgumentParser,
+                                   metavar="{fit,validate,test,predict,compare}")
+    for name, summary in LIGHTNING_SUBCOMMANDS.items():
+        # every argument after the subcommand goes to LightningCLI as it is: no prefix character of this
+        # parser can start an option, so "--config" and "--help" are plain values of "args"
+        lightning = subcommands.add_parser(name, help=summary, add_help=False, prefix_chars="\0")
+        lightning.add_argument("args", nargs=argparse.REMAINDER)
+    comparison = subcommands.add_parser(
+        "compare", help=compare.SUMMARY, description=compare.DESCRIPTION, prog=f"{PROG} compare",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    compare.add_arguments(comparison)
+    return p
+
+
+def lightning_options(args: argparse.Namespace) -> list[str]:
+    """LightningCLI's options before the subcommand, as they were given (``--config``, ``--print_config``)."""
+    options = [option for path in args.config for option in ("--config", path)]
+    if args.print_config is not None:
+        flags = args.print_config[0]
+        options.append(f"--print_config={flags}" if flags else "--print_config")
+    return options
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``lit-constrained`` console script (``argv``; None: ``sys.argv[1:]``)."""
+    command = parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        command.print_help()
+        return
+    args = command.parse_args(argv)
+    if args.subcommand is None:  # only options: LightningCLI would ask for a subcommand too
+        command.error("a subcommand is required: fit, validate, test, predict or compare")
+    if args.subcommand == "compare":
+        if lightning_options(args):
+            command.error("-c/--config and --print_config before a subcommand are for fit, validate, test and "
+                          "predict; compare takes --config-dir (lit-constrained compare --help)")
+        sys.exit(compare.run(args))
+    from lit_constrained import cli
+
+    if args.subcommand == "fit":
+        cli.run_fit(args.args, top_level=lightning_options(args))
+    else:
+        cli.main([*lightning_options(args), args.subcommand, *args.args])
 
 
 if __name__ == "__main__":

@@ -83,17 +83,26 @@ def test_help_is_plain_words(capsys):
         assert markup not in text, markup
 
 
-def test_top_level_help_lists_compare_without_importing_torch():
+@pytest.mark.parametrize("argv", [["--help"], ["compare", "--help"]])
+def test_help_answers_without_importing_torch(argv):
+    """``lit-constrained --help`` lists every subcommand, ``lit-constrained compare --help`` gives compare's
+    options; neither imports torch or Lightning (the parser is built from light modules only)."""
     code = (
-        "import sys, time; t = time.perf_counter(); from lit_constrained.console import main; main(['--help']); "
-        "print('torch imported' if 'torch' in sys.modules else 'no torch', time.perf_counter() - t)"
+        "import sys, time; t = time.perf_counter(); from lit_constrained.console import main\n"
+        f"try: main({argv!r})\nexcept SystemExit as e: assert e.code in (0, None), e.code\n"
+        "heavy = sorted(m for m in ('torch', 'lightning', 'lit_constrained.cli') if m in sys.modules)\n"
+        "print('imported', heavy or 'nothing heavy', time.perf_counter() - t)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "compare" in out.stdout and "no torch" in out.stdout
+    assert "imported nothing heavy" in out.stdout
     assert float(out.stdout.split()[-1]) < 3.0
-    full = run_cli("--help")  # LightningCLI's own help lists it too
-    assert "compare" in full.stdout
+    if argv == ["--help"]:
+        for subcommand in ("fit", "validate", "test", "predict", "compare", "--config", "--print_config"):
+            assert subcommand in out.stdout, subcommand
+        assert "compare" in run_cli("--help").stdout  # python -m lit_constrained.cli is the same command
+    else:
+        assert "usage: lit-constrained compare" in out.stdout and "--budget-fraction" in out.stdout
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -124,15 +133,130 @@ def test_a_config_naming_another_optimizer_gets_that_class_defaults(tmp_path):
     config["model"]["init_args"]["optimizer"] = {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.01}}
     (tmp_path / "adam.yaml").write_text(yaml.safe_dump(config))
     from lit_constrained.cli import ConstrainedCLI
-    from lit_constrained.cli_parsing import ConstrainedArgumentParser
-    from lit_constrained.module import ConstrainedModule
-    import lightning.pytorch as pl
 
-    cli = ConstrainedCLI(
-        ConstrainedModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-        auto_configure_optimizers=False, parser_class=ConstrainedArgumentParser, run=False,
-        args=["--config", str(tmp_path / "adam.yaml"), "--trainer.logger", "false"],
-    )
+    cli = ConstrainedCLI(args=["--config", str(tmp_path / "adam.yaml"), "--trainer.logger", "false"], run=False)
     optimizer = cli.model.configure_optimizers()
     assert isinstance(optimizer, torch.optim.Adam) and optimizer.param_groups[0]["eps"] == 1e-8
     assert cli.model.hparams.optimizer["init_args"]["eps"] == 1e-8
+
+
+# --- the console script's dispatch: fit -> run_fit, validate/test/predict -> cli.main, compare -> compare.run
+
+
+@pytest.fixture
+def dispatched(monkeypatch):
+    """The layers' entry points replaced by recorders: what the console script hands to each."""
+    import lit_constrained.cli as cli
+    import lit_constrained.compare as compare
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(cli, "run_fit", lambda args, top_level=(): calls.append(("run_fit", list(args), list(top_level))))
+    monkeypatch.setattr(cli, "main", lambda args=None: calls.append(("cli.main", list(args))))
+    monkeypatch.setattr(compare, "run", lambda args: calls.append(("compare.run", args)) or 3)
+    return calls
+
+
+def test_console_hands_each_subcommand_to_its_layer(dispatched):
+    from lit_constrained.console import main as console
+
+    fit_args = ["--config", "a.yaml", "--trainer.max_epochs", "3", "--model.optimizer",
+                "{class_path: torch.optim.Adam, init_args: {lr: -0.5}}", "--help", "-c", "b.yaml", "--", "x"]
+    console(["fit", *fit_args])  # every argument after the subcommand reaches LightningCLI as it was
+    console(["--config", "all.yaml", "--print_config=comments", "validate", "--ckpt_path", "last"])
+    console(["-c", "all.yaml", "--print_config", "fit"])
+    with pytest.raises(SystemExit) as exit_info:
+        console(["compare", "--task", "spring", "--lrs", "0.01,0.001", "--report-only"])
+    assert exit_info.value.code == 3  # compare.run's status is the exit status
+    assert dispatched[:3] == [
+        ("run_fit", fit_args, []),
+        ("cli.main", ["--config", "all.yaml", "--print_config=comments", "validate", "--ckpt_path", "last"]),
+        ("run_fit", [], ["--config", "all.yaml", "--print_config"]),
+    ]
+    name, args = dispatched[3]
+    assert name == "compare.run" and args.task == "spring" and args.lrs == [0.01, 0.001] and args.report_only
+
+
+def test_the_console_script_fits_with_no_warning_of_its_own(tmp_path, monkeypatch):
+    """``lit-constrained fit ...`` as the console script runs it (argv from sys.argv): the command line
+    the console hands on is LightningCLI's ``args``, which must not trigger its "args and command line
+    arguments" warning (nor any warning of the package)."""
+    import warnings
+
+    from lit_constrained.console import main as console
+
+    argv = ["fit", "--config", str(ROOT / "configs/curve/sqp_adam.yaml"), "--trainer.max_steps", "2",
+            "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
+            "--trainer.logger", "false"]
+    monkeypatch.setattr(sys, "argv", ["lit-constrained", *argv])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        console()
+    ours = [f"{w.filename}: {w.message}" for w in caught
+            if "args parameter is intended" in str(w.message) or "/lit_constrained/" in w.filename]
+    assert ours == []
+    assert list(tmp_path.rglob("last.ckpt"))  # it trained (the crash-safe checkpoint of the fit layer)
+
+
+def test_console_errors_name_the_fix(dispatched, capsys):
+    from lit_constrained.console import main as console
+
+    console([])  # no arguments: the help, as --help
+    assert "compare" in capsys.readouterr().out
+    for argv, words in ((["--config", "all.yaml"], "a subcommand is required"),
+                        (["--config", "all.yaml", "compare", "--task", "spring"], "compare takes --config-dir"),
+                        (["compare"], "--task"), (["fitt"], "invalid choice")):
+        with pytest.raises(SystemExit) as exit_info:
+            console(argv)
+        assert exit_info.value.code == 2 and words in capsys.readouterr().err, argv
+    assert dispatched == []
+
+
+def test_top_level_config_reaches_lightning(tmp_path, capsys):
+    """LightningCLI's own options before the subcommand (a config with a ``fit:`` section) still work."""
+    import yaml
+
+    from lit_constrained.console import main as console
+
+    config = yaml.safe_load((ROOT / "configs/curve/sqp_adam.yaml").read_text())
+    config["trainer"]["max_epochs"] = 7
+    (tmp_path / "all.yaml").write_text(yaml.safe_dump({"fit": config}))
+    with pytest.raises(SystemExit) as exit_info:
+        console(["--config", str(tmp_path / "all.yaml"), "fit", "--print_config"])
+    assert exit_info.value.code in (0, None)
+    assert "max_epochs: 7" in capsys.readouterr().out
+
+
+def test_the_fit_layer_never_imports_compare():
+    """One-way layers: console -> compare -> cli (the fit layer); no module outside compare/ (and the
+    console) imports lit_constrained.compare, not even lazily. ``python -m lit_constrained.cli`` runs the
+    console (the whole command): that script entry is the one exception."""
+    import ast
+
+    package = ROOT / "lit_constrained"
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative.startswith("compare/") or relative == "console.py":
+            continue
+        tree = ast.parse(path.read_text())
+        script_entry = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+        skipped = {id(n) for block in script_entry for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: resolve against the file's package
+                    parts = ["lit_constrained", *path.relative_to(package).parent.parts]
+                    parts = parts[:len(parts) - node.level + 1]
+                    base = ".".join([*parts, *([base] if base else [])])
+                names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            if any(name == "lit_constrained.compare" or name.startswith("lit_constrained.compare.") for name in names):
+                offenders.append(f"{relative}:{node.lineno}")
+            if relative != "cli.py" and any(name in ("lit_constrained.console",) for name in names):
+                offenders.append(f"{relative}:{node.lineno} (console)")
+    assert offenders == []

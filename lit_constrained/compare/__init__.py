@@ -17,17 +17,42 @@ the run records ``runs/<run>.json`` (a finished run is skipped; small enough to 
 ``metrics.csv`` (tidy, per epoch), ``results.json``, ``loss.png``, ``test_error.png``, ``violation.png``,
 ``table.md`` and ``verdict.md``; the run configs (``configs/``), logs (``logs/``) and TensorBoard runs
 ``tensorboard/compare/<task>/<run>`` go to ``--work-dir`` (default: ``--out``).
+
+Layers: the ``lit-constrained`` console script (:mod:`lit_constrained.console`) adds ``compare`` as a
+subcommand with :func:`add_arguments` and calls :func:`run`; ``python -m lit_constrained.compare``
+calls :func:`main`. Building the parser imports neither torch nor Lightning (``--help`` is instant);
+each worker trains its run with :func:`lit_constrained.cli.run_fit`. The fit layer never imports this
+package.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from .grid import METHODS, TASKS, Budget, RunSpec, build_grid, lr_text, parse_rho, resolve_budget, task_grid
 
-__all__ = ["main", "build_grid", "resolve_budget", "Budget", "RunSpec", "METHODS", "TASKS"]
+__all__ = ["main", "run", "add_arguments", "parser", "build_grid", "resolve_budget", "Budget", "RunSpec", "METHODS",
+           "TASKS"]
+
+#: What ``lit-constrained compare`` does, in one line (the console's list of subcommands).
+SUMMARY = "re-run the papers' comparisons (task x method x lr x seed)"
+
+DESCRIPTION = (
+    "Run the paper's optimizer comparison for a task (methods x rho x lr x batch mode x seed) "
+    "and write a CSV/JSON of per-epoch objective, test error and constraint violation, figures "
+    "and a markdown table. Finished runs are skipped."
+)
+
+
+def available_cores() -> int:
+    """CPU cores this process may use (the affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
 
 
 def _floats(text: str) -> list[float]:
@@ -42,17 +67,16 @@ def _names(text: str) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    from .runner import available_cores
+    """The standalone parser of ``python -m lit_constrained.compare`` (the console script's ``compare``
+    subcommand has the same arguments)."""
+    p = argparse.ArgumentParser(prog="lit-constrained compare", description=DESCRIPTION,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_arguments(p)
+    return p
 
-    p = argparse.ArgumentParser(
-        prog="lit-constrained compare",
-        description=(
-            "Run the paper's optimizer comparison for a task (methods x rho x lr x batch mode x seed) "
-            "and write a CSV/JSON of per-epoch objective, test error and constraint violation, figures "
-            "and a markdown table. Finished runs are skipped."
-        ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``lit-constrained compare`` (see :func:`run`)."""
     p.add_argument("--task", required=True, help=f"task folder under --config-dir (paper grids: {', '.join(TASKS)})")
     p.add_argument("--methods", type=_names, default=list(METHODS), help="comma-separated method keys")
     p.add_argument("--lrs", type=_floats, default=None, help="comma-separated learning rates (default: the paper's two)")
@@ -86,15 +110,19 @@ def parser() -> argparse.ArgumentParser:
                    help="no TensorBoard logger per run (no event files, no prediction figure rendered at every "
                         "validation: faster long grids; the run records are the same)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``lit-constrained compare``; returns 0, or 1 when some runs failed."""
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    """``python -m lit_constrained.compare <argv>``: parse, then :func:`run`; returns its exit status."""
+    return run(parser().parse_args(sys.argv[1:] if argv is None else argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the comparison the parsed ``args`` (:func:`add_arguments`) describe: the grid's unfinished runs,
+    then the report. Returns 0, or 1 when some runs failed."""
     from .configs import config_budget, find_config
     from .report import write_report
-    from .runner import available_cores, run_grid
+    from .runner import run_grid
 
     grid = task_grid(args.task)
     if args.embedded_configs and args.paper_configs:

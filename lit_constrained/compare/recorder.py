@@ -18,11 +18,8 @@ objective), so a diverged run still has its curve up to the failure.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -30,6 +27,8 @@ import torch
 from torch import Tensor
 
 from lit_constrained.batch import as_task_sees_it
+
+from .records import write_json
 
 
 def _number(value: Any) -> float:
@@ -60,15 +59,6 @@ def record_key(metric: str) -> str | None:
     if stage == "val":
         return VAL_FAMILIES.get(family)
     return None
-
-
-def write_json(path: str | Path, payload: Any, indent: int | None = 1) -> None:
-    """Write JSON atomically (a temporary file, then rename): readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=indent, allow_nan=True))
-    tmp.replace(path)
 
 
 class EpochRecorder(pl.Callback):

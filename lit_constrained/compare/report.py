@@ -31,9 +31,8 @@ from typing import Any
 import numpy as np
 
 from .grid import METHODS, Budget, RunSpec, lr_text
-from .recorder import write_json
+from .records import load_result, result_path, write_json
 from .verdict import verdict_table
-from .worker import load_result, result_path
 
 CSV_COLUMNS = [
     "task", "method", "label", "rho", "lr", "mode", "seed", "run", "status", "epoch", "step", "objective",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -20,15 +19,8 @@ from pathlib import Path
 
 from .configs import fingerprint, run_config
 from .grid import Budget, RunSpec, execution_order
-from .worker import execute, result_path
-
-
-def available_cores() -> int:
-    """CPU cores this process may use (the affinity mask where the OS has one)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover (macOS, Windows)
-        return max(1, os.cpu_count() or 1)
+from .records import result_path
+from .worker import execute
 
 
 @dataclass

@@ -1,10 +1,9 @@
-"""One comparison run, executed in a worker process: write its config, ``lit-constrained fit`` it, save the result.
+"""One comparison run, executed in a worker process: write its config, train it, save its record.
 
-The result file ``<out>/runs/<run>.json`` is the run's record of completion (the harness skips runs
-whose file exists with the same config fingerprint). It is small enough to commit: the per-epoch
-history is kept at the validated epochs (plus the first and last; at most :data:`MAX_RECORDS`), as
-columns of numbers rounded to 7 significant digits; the summary is computed from the full history.
-The run's config, log and TensorBoard events go to a separate work folder. A run that stops on a non-finite objective,
+The run is trained by :func:`lit_constrained.cli.run_fit` (what ``lit-constrained fit --config
+<run>.yaml`` does) in the calling process; its record ``<out>/runs/<run>.json``
+(:mod:`~lit_constrained.compare.records`) is written when it finishes. The run's config, log and
+TensorBoard events go to a separate work folder. A run that stops on a non-finite objective,
 constraint or step (``FloatingPointError`` from the training step) is a finished run with status
 ``"diverged"`` and its history up to that epoch; any other error leaves no result file (the run is
 retried next time) and is reported to the parent.
@@ -26,56 +25,7 @@ import yaml
 
 from .configs import find_config, fingerprint, run_config
 from .grid import RunSpec
-from .recorder import write_json
-
-
-#: The most per-epoch records a result file keeps.
-MAX_RECORDS = 250
-
-
-def result_path(out_dir: Path, spec: RunSpec) -> Path:
-    return out_dir / "runs" / f"{spec.name}.json"
-
-
-def thin_history(history: list[dict[str, float]], max_records: int = MAX_RECORDS) -> list[dict[str, float]]:
-    """The records at validated epochs (with ``val_objective``) and the first and last epoch.
-
-    When these are more than ``max_records``, evenly spaced ones of them (the first and last kept).
-    """
-    if not history:
-        return []
-    keep = [i for i, record in enumerate(history) if "val_objective" in record or i in (0, len(history) - 1)]
-    if len(keep) > max_records:
-        picks = {round(j * (len(keep) - 1) / (max_records - 1)) for j in range(max_records)}
-        keep = [keep[j] for j in sorted(picks)]
-    return [history[i] for i in keep]
-
-
-def _round(value: float) -> float:
-    return float(f"{value:.7g}") if math.isfinite(value) else value
-
-
-def history_columns(history: list[dict[str, float]]) -> dict[str, list[float | None]]:
-    """The history as columns (``None`` where an epoch lacks the value), numbers to 7 significant digits."""
-    keys = list(dict.fromkeys(key for record in history for key in record))
-    return {key: [(_round(float(r[key])) if key in r else None) for r in history] for key in keys}
-
-
-def history_from_columns(columns: dict[str, list[float | None]]) -> list[dict[str, float]]:
-    """The inverse of :func:`history_columns`."""
-    length = max((len(v) for v in columns.values()), default=0)
-    return [{key: values[i] for key, values in columns.items() if values[i] is not None} for i in range(length)]
-
-
-def load_result(path: Path) -> dict[str, Any] | None:
-    """A result file with its ``history`` as a list of per-epoch dicts; None if missing or unreadable."""
-    try:
-        result = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if "history_columns" in result:
-        result["history"] = history_from_columns(result.pop("history_columns"))
-    return result
+from .records import history_columns, history_from_columns, result_path, summarize, thin_history, write_json
 
 
 @contextlib.contextmanager
@@ -105,31 +55,6 @@ def set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def summarize(history: list[dict[str, float]], test_metric: str) -> dict[str, float]:
-    """The final numbers (validation metrics: of the last validated epoch) and the mean time per step."""
-    if not history:
-        return {}
-    last = history[-1]
-    validated = [h for h in history if "val_objective" in h]
-    last_val = validated[-1] if validated else {}
-    times = [h["time_per_step_s"] for h in history if math.isfinite(h.get("time_per_step_s", math.nan))]
-    steps = [h["step"] for h in history]
-    # steps per epoch weight the per-epoch means
-    counts = [steps[0]] + [b - a for a, b in zip(steps[:-1], steps[1:])]
-    weighted = [t * c for t, c in zip(times, counts)] if len(times) == len(counts) else []
-    return {
-        "epochs": last["epoch"],
-        "steps": last["step"],
-        "validated_epoch": last_val.get("epoch", math.nan),
-        "objective": last_val.get("val_objective", math.nan),
-        "train_objective": last.get("train_objective", math.nan),
-        "test_error": last_val.get(f"val_{test_metric}", math.nan),
-        "violation_max": last.get("violation_max", math.nan),
-        "val_violation_max": last_val.get("val_violation_max", math.nan),
-        "time_per_step_s": (sum(weighted) / sum(counts)) if weighted and sum(counts) else math.nan,
-    }
-
-
 def execute(spec_data: dict[str, Any], config_dir: str, out_dir: str, threads: int, eval_every: int,
             test_metric: str, prefer_paper: bool = False, work_dir: str | None = None,
             budget: dict[str, Any] | None = None, tensorboard: bool = True) -> dict[str, Any]:
@@ -153,13 +78,13 @@ def execute(spec_data: dict[str, Any], config_dir: str, out_dir: str, threads: i
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     set_threads(threads)
-    from lit_constrained.cli import main as cli_main
+    from lit_constrained.cli import run_fit  # the fit layer (torch, Lightning, the tasks): only in the worker
 
     start = time.perf_counter()
     error: BaseException | None = None
     with redirect_output(log_path):
         try:
-            cli_main(["fit", "--config", str(config_path)])
+            run_fit(["--config", str(config_path)])
         except FloatingPointError as exc:  # the step's non-finite guard: a finished, diverged run
             error = exc
     wall = time.perf_counter() - start

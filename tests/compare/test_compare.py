@@ -16,7 +16,7 @@ from lit_constrained.compare import main
 from lit_constrained.compare.configs import config_budget, find_config, fingerprint, run_config
 from lit_constrained.compare.grid import RunSpec, build_grid, execution_order, parse_rho, resolve_budget
 from lit_constrained.compare.verdict import CLAIMS, Finals, least_lr_sensitive, lowest, verdict_table
-from lit_constrained.compare.worker import history_columns, history_from_columns, summarize, thin_history
+from lit_constrained.compare.records import history_columns, history_from_columns, summarize, thin_history
 
 ROOT = Path(__file__).resolve().parents[2]
 EPOCHS = 4
@@ -348,3 +348,59 @@ def test_recorder_evaluates_the_constraints_on_the_batch_the_task_sees(tmp_path:
     quiet_trainer(max_epochs=2, limit_val_batches=0, callbacks=[recorder]).fit(task, SpringData())
     violations = [record["violation_max"] for record in recorder.history]
     assert len(violations) == 2 and all(math.isfinite(v) and v > 0 for v in violations)
+
+
+def test_a_worker_trains_its_run_with_run_fit(tmp_path, monkeypatch):
+    """The worker hands the run's config to the fit layer's ``run_fit`` (the fit layer here: a module with
+    only that function) and builds the record from the history the run's EpochRecorder wrote."""
+    import sys
+    import types
+
+    from lit_constrained.compare import worker
+
+    given: list[list[str]] = []
+
+    def fake_run_fit(args, top_level=()):
+        given.append(list(args))
+        config = yaml.safe_load(Path(args[1]).read_text())
+        recorder = next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("EpochRecorder"))
+        history = [{"epoch": 1.0, "step": 1.0, "train_objective": 2.0, "val_objective": 1.5, "val_mse": 0.25,
+                    "violation_max": 0.125, "time_per_step_s": 0.5}]
+        history_path = Path(recorder["init_args"]["history_path"])
+        history_path.parent.mkdir(parents=True, exist_ok=True)
+        history_path.write_text(json.dumps({"history": history, "fit_seconds": 0.75}))
+
+    fit_layer = types.ModuleType("lit_constrained.cli")
+    fit_layer.run_fit = fake_run_fit
+    monkeypatch.setitem(sys.modules, "lit_constrained.cli", fit_layer)
+    monkeypatch.setattr(worker, "set_threads", lambda threads: None)  # this test process keeps its threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    spec = RunSpec("curve", "sqp_adam", "paper", 1.0, 0.01, "default", 0, 1)
+    result = worker.execute(spec.to_dict(), str(ROOT / "configs"), str(tmp_path / "out"), 1, 1, "mse",
+                            work_dir=str(tmp_path / "work"), tensorboard=False)
+    config_path = tmp_path / "work" / "configs" / f"{spec.name}.yaml"
+    assert given == [["--config", str(config_path)]]
+    record = json.loads((tmp_path / "out" / "runs" / f"{spec.name}.json").read_text())
+    assert record["status"] == "ok" and record["fit_seconds"] == 0.75 and record["config"] == str(config_path)
+    assert record["summary"]["objective"] == 1.5 and record["summary"]["test_error"] == 0.25
+    assert record["fingerprint"] == fingerprint(yaml.safe_load(config_path.read_text()))
+    assert result["history"][0]["val_mse"] == 0.25
+    assert not (tmp_path / "work" / "runs" / f"{spec.name}.history.json").exists()  # temporary history removed
+
+
+def test_the_command_and_its_report_need_neither_torch_nor_lightning():
+    """Parsing ``compare``'s arguments and redrawing the report from records (``--report-only``) import
+    neither torch nor Lightning: the records are plain JSON (:mod:`lit_constrained.compare.records`)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import lit_constrained.compare, lit_constrained.compare.report, lit_constrained.compare.records\n"
+        "lit_constrained.compare.parser().parse_args(['--task', 'spring'])\n"
+        "print(sorted(m for m in ('torch', 'lightning', 'lit_constrained.cli') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
