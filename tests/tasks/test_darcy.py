@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from neuralop.layers.spectral_convolution import SpectralConv
 from torch import Tensor, nn
 
 from lit_constrained.optim import SQPAdam
@@ -24,7 +23,7 @@ from lit_constrained.tasks.darcy_data import (
     threshold_field,
 )
 from lit_constrained.tasks.fno import build_fno
-from lit_constrained.tasks.spectral import PointwiseConv1d, VmapSpectralConv
+from lit_constrained.tasks.spectral import VmapSpectralConv
 
 from tests.helpers.lightning import quiet_trainer
 
@@ -171,51 +170,7 @@ def test_bad_arguments_raise_clear_errors() -> None:
                             (torch.zeros(1, 3, 16, 16), torch.ones(1, 16, 16)), torch.tensor([0]), torch.tensor([0]))
 
 
-# -- the vmap-safe spectral convolution -----------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(n_modes=(16, 16)),
-        dict(n_modes=(6, 10)),
-        dict(n_modes=(5, 7)),
-        dict(n_modes=(8, 8), max_n_modes=(12, 12)),
-        dict(n_modes=(8, 8), separable=True),
-        dict(n_modes=(8, 8), complex_data=True),
-    ],
-)
-def test_vmap_spectral_conv_equals_neuraloperator(kwargs: dict) -> None:
-    torch.manual_seed(0)
-    reference = SpectralConv(4, 4, **kwargs)
-    ours = VmapSpectralConv(4, 4, **kwargs)
-    ours.load_state_dict(reference.state_dict())
-    dtype = torch.cfloat if kwargs.get("complex_data") else torch.float32
-    x = torch.randn(3, 4, 16, 16, dtype=dtype)
-    torch.testing.assert_close(ours(x), reference(x), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(ours(x, output_shape=(20, 20)), reference(x, output_shape=(20, 20)), rtol=1e-6, atol=1e-6)
-    # vmap over single samples gives the batched result
-    per_sample = torch.func.vmap(lambda xi: ours(xi[None])[0])(x)
-    torch.testing.assert_close(per_sample, ours(x), rtol=1e-6, atol=1e-6)
-
-
-def test_fno_equals_neuraloperators_fno_with_the_same_weights() -> None:
-    from neuralop.models import FNO
-
-    torch.manual_seed(0)
-    reference = FNO(n_modes=(16, 16), in_channels=3, out_channels=1, hidden_channels=4, positional_embedding=None)
-    ours = build_fno()
-    assert sorted(n for n, _ in ours.named_parameters()) == sorted(n for n, _ in reference.named_parameters())
-    ours.load_state_dict({k: v for k, v in reference.state_dict().items() if k != "_metadata"})
-    x = torch.randn(4, 3, 16, 16)
-    torch.testing.assert_close(ours(x), reference(x), rtol=1e-5, atol=1e-6)
-    convs = [m for m in ours.modules() if isinstance(m, nn.Conv1d)]
-    assert convs and all(isinstance(m, PointwiseConv1d) for m in convs)
-    conv = nn.Conv1d(3, 5, 1)
-    pointwise = PointwiseConv1d(3, 5, 1)
-    pointwise.load_state_dict(conv.state_dict())
-    z = torch.randn(2, 3, 7)
-    torch.testing.assert_close(pointwise(z), conv(z))
+# -- the task's network and checkpoints ------------------------------------------------------------
 
 
 def test_checkpoint_round_trip(tmp_path: Path) -> None:
