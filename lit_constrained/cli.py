@@ -51,20 +51,22 @@ class ConstrainedCLI(LightningCLI):
       rolling crash-safe ``last.ckpt`` unless checkpointing is configured or off, and
       ``--ckpt_path last`` without a last checkpoint an error (``last-or-fresh`` starts fresh).
 
-    Keyword arguments override the defaults (e.g. ``run=False`` to only parse and instantiate).
+    Arguments are LightningCLI's; those given override the defaults (e.g. ``args=[...], run=False`` to
+    parse and instantiate only).
     """
 
-    def __init__(self, args: Any = None, run: bool = True, **kwargs: Any) -> None:
-        defaults: dict[str, Any] = {
-            "model_class": ConstrainedModule,
-            "datamodule_class": pl.LightningDataModule,
-            "subclass_mode_model": True,
-            "subclass_mode_data": True,
-            "auto_configure_optimizers": False,
-            "parser_class": ConstrainedArgumentParser,
-            "save_config_callback": RunConfigSaver,  # into the run's log directory, never over an existing file
-        }
-        super().__init__(**{**defaults, **kwargs}, args=args, run=run)
+    #: LightningCLI arguments the package sets (besides the model and data base classes).
+    DEFAULTS: dict[str, Any] = {
+        "subclass_mode_model": True,
+        "subclass_mode_data": True,
+        "auto_configure_optimizers": False,
+        "parser_class": ConstrainedArgumentParser,
+        "save_config_callback": RunConfigSaver,  # into the run's log directory, never over an existing file
+    }
+
+    def __init__(self, model_class: Any = ConstrainedModule, datamodule_class: Any = pl.LightningDataModule,
+                 **kwargs: Any) -> None:
+        super().__init__(model_class, datamodule_class, **{**self.DEFAULTS, **kwargs})
 
     # --- parsing, trusted checkpoints, progress ---
     def parse_arguments(self, parser: Any, args: Any) -> None:
