@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lit_constrained.callbacks.step_size import StepSizeMonitor, step_size_values
 from lit_constrained.optim.momo import MoMo, MoMoAdam
+from tests.helpers.lightning import quiet_trainer
 
 
 def _one_step(opt: torch.optim.Optimizer, params: list[torch.Tensor], diagnostics: bool = True) -> None:
@@ -122,18 +123,8 @@ def _data(n: int = 64) -> DataLoader:
 
 
 def _trainer(tmp_path: Path, callbacks: list, max_steps: int, **kwargs: Any) -> pl.Trainer:
-    return pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=max_steps,
-        callbacks=callbacks,
-        logger=CSVLogger(tmp_path, name="run", version=0),
-        log_every_n_steps=1,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **kwargs,
-    )
+    logger = CSVLogger(tmp_path, name="run", version=0)
+    return quiet_trainer(max_steps=max_steps, callbacks=callbacks, logger=logger, log_every_n_steps=1, **kwargs)
 
 
 def _csv_series(tmp_path: Path) -> dict[str, list[float]]:
