@@ -82,12 +82,11 @@ from .nullspace import (
     exact_gram,
     exact_matvec,
     exact_refinements,
-    exact_residual_needed,
     gram,
     gram_partials_shape,
     merged_step,
     refine_,
-    refinement_plan,
+    refinement_code,
 )
 
 Rho = Union[float, Literal["full"]]
@@ -372,8 +371,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         if m == 0:
             finite = finite & torch.isfinite(torch.dot(g, g))
         if m:  # plan in {-1, ..., MAX_REFINEMENTS}; + 8 where the residuals need float64 products
-            plan = refinement_plan(projection.factor, n, dtype) + 8 * exact_residual_needed(
-                projection.factor, n, dtype).to(torch.int64)
+            plan = refinement_code(projection.factor, n, dtype)
         else:
             plan = torch.zeros((), dtype=torch.int64)
         plan = plan.to(finite.device)
@@ -454,8 +452,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
         if cap is None or (cap == "adaptive" and not adaptive):
             return s_t, s * self._normal_norm(projection, c)
         norm = s * self._normal_norm(projection, c)
-        x_norm = torch.linalg.vector_norm(
-            torch.stack(torch._foreach_norm([real_view(p.detach()) for p in params])).to(torch.float64)
+        x_norm = torch.linalg.vector_norm(  # (step() runs under no_grad: no detach needed)
+            torch.stack(torch._foreach_norm([real_view(p) for p in params])).to(torch.float64)
         )
         if adaptive:
             rule = ADAPTIVE_NORMAL_STEP

@@ -32,6 +32,7 @@ from lit_constrained.optim.nullspace import (
     gram,
     gram_error,
     merged_step,
+    refinement_code,
     refinement_plan,
 )
 
@@ -84,6 +85,17 @@ def test_exact_residual_only_where_the_blocked_one_cannot_reach_the_target():
     assert not bool(exact_residual_needed(factor(3.3e4), 1_000_000, torch.float32))
     assert bool(exact_residual_needed(factor(1e6), 100_000, torch.float32))
     assert not bool(exact_residual_needed(factor(1e12), 100_000, F64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("n", [1_000, 100_000, 1_000_000])
+def test_refinement_code_is_plan_plus_residual_flag(dtype, n):
+    """The host-precomputed thresholds give the decisions of refinement_plan and exact_residual_needed
+    over a sweep of cond(G) (one comparison instead of evaluating the error models on the device)."""
+    for cond_gram in torch.logspace(0, 14, 57, dtype=F64).tolist():
+        factor = GramFactor.from_gram(torch.diag(torch.tensor([1.0, 0.3, 1.0 / cond_gram], dtype=F64)))
+        expected = int(refinement_plan(factor, n, dtype)) + 8 * int(exact_residual_needed(factor, n, dtype))
+        assert int(refinement_code(factor, n, dtype)) == expected, cond_gram
 
 
 def test_exact_gram_and_exact_matvec_are_float64_accurate_for_float32_data():
