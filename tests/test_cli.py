@@ -197,6 +197,19 @@ def test_the_console_script_fits_with_no_warning_of_its_own(tmp_path, monkeypatc
     assert list(tmp_path.rglob("last.ckpt"))  # it trained (the crash-safe checkpoint of the fit layer)
 
 
+def test_compare_runs_as_a_subcommand(tmp_path, capsys):
+    """``lit-constrained compare ...`` parses compare's arguments in the console and runs the comparison
+    (here: the report of a grid with no records yet) with the exit status of ``compare.run``."""
+    from lit_constrained.console import main as console
+
+    with pytest.raises(SystemExit) as exit_info:
+        console(["compare", "--task", "spring", "--config-dir", str(ROOT / "configs"), "--report-only",
+                 "--no-progress", "--budget-fraction", "0.05", "--out", str(tmp_path)])
+    assert exit_info.value.code == 0
+    assert "budget fraction 0.05 (500 of 10000 epochs)" in (tmp_path / "table.md").read_text()
+    assert "compare spring:" in capsys.readouterr().err
+
+
 def test_console_errors_name_the_fix(dispatched, capsys):
     from lit_constrained.console import main as console
 
