@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import socket
 import warnings
 from typing import Any
 
@@ -35,12 +34,6 @@ STEPS = helpers.EPOCHS * helpers.STEPS_PER_EPOCH
 HIDDEN = 6  # ShardTask's default width
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Both ranks' records of the 2-process runs (one start of 2 processes for all optimizers)."""
@@ -50,7 +43,7 @@ def ddp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     fork = "fork" in multiprocessing.get_all_start_methods() and not dist.is_initialized()
     mp.start_processes(
         helpers.worker,
-        args=(_free_port(), str(out)),
+        args=(helpers.free_port(), str(out)),
         nprocs=helpers.WORLD,
         join=True,
         start_method="fork" if fork else "spawn",

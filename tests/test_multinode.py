@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import socket
 import warnings
 from pathlib import Path
 from typing import Any
@@ -53,17 +52,11 @@ def node_worker(node_rank: int, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("nodes")
     fork = "fork" in multiprocessing.get_all_start_methods() and not dist.is_initialized()
-    mp.start_processes(node_worker, args=(_free_port(), str(out)), nprocs=2, join=True,
+    mp.start_processes(node_worker, args=(helpers.free_port(), str(out)), nprocs=2, join=True,
                        start_method="fork" if fork else "spawn")
     return [torch.load(out / f"node{r}.pt", weights_only=False) for r in range(2)]
 

@@ -16,6 +16,7 @@ import datetime
 import functools
 import inspect
 import os
+import socket
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -51,6 +52,13 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "constant_step_adam": functools.partial(ConstantStepAdam, lr=None),  # lr from LipschitzEstimator
     "torch_adam": functools.partial(torch.optim.Adam, lr=1e-2),
 }
+
+
+def free_port() -> int:
+    """A TCP port on localhost that is free now (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def target(x: Tensor) -> Tensor:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import warnings
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lit_constrained.metrics import VIOLATION_METRICS, RelativeViolation
+from tests.helpers.ddp import free_port
 
 WORLD = 2
 # shard sizes per rank: uneven, with an empty batch on rank 0
@@ -28,12 +28,6 @@ def _shards(rank: int, dtype: torch.dtype) -> list[torch.Tensor]:
     for r in range(WORLD):  # every rank draws all shards in the same order, keeps its own
         out[r] = [torch.randn(n, generator=gen, dtype=torch.float64).mul(r + 1).to(dtype) for n in SHARDS[r]]
     return out[rank]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _build(name: str, **kwargs: object) -> torch.nn.Module:
@@ -89,7 +83,7 @@ def _expected(c: np.ndarray) -> dict[str, float]:
 
 @pytest.mark.ddp
 def test_synced_metrics_equal_metric_on_union(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     assert results[0].keys() == results[1].keys()
     for dtype, rel in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
