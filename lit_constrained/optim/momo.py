@@ -589,11 +589,15 @@ class MoMoAdam(_MoMoBase):
         root_c2 = math.sqrt(1.0 - beta2**k)
         eps = float(g.group["eps"]) * root_c2
         work = self._workspace(g)
+        exp_avgs = [state["exp_avg"] for state in g.states]
+        exp_avg_sqs = [state["exp_avg_sq"] for state in g.states]
+        # the in-place moment updates as multi-tensor ops (one dispatch each for all tensors of the group)
+        torch._foreach_lerp_(exp_avgs, g.grads, weight)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, g.grads, g.grads, value=1.0 - beta2)
         dots = []
-        for x, grad, state, u in zip(g.params, g.grads, g.states, work):
-            d = state["exp_avg"].lerp_(grad, weight)
-            state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-            torch.sqrt(state["exp_avg_sq"], out=u)
+        for x, grad, d, v, u in zip(g.params, g.grads, exp_avgs, exp_avg_sqs, work):
+            torch.sqrt(v, out=u)
             u.add_(eps)
             torch.div(d, u, out=u)
             dots += [_dot(grad, x), _dot(d, x), _dot(d, u)]
