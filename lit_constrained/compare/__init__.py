@@ -77,7 +77,8 @@ def parser() -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``lit-constrained compare`` (see :func:`run`)."""
-    p.add_argument("--task", required=True, help=f"task folder under --config-dir (paper grids: {', '.join(TASKS)})")
+    p.add_argument("--task", help=f"task folder under --config-dir (paper grids: {', '.join(TASKS)}); required "
+                                  "unless --lr-sweep")
     p.add_argument("--methods", type=_names, default=list(METHODS), help="comma-separated method keys")
     p.add_argument("--lrs", type=_floats, default=None, help="comma-separated learning rates (default: the paper's two)")
     p.add_argument("--modes", type=_names, default=["full", "minibatch"], help="batch modes: full, minibatch")
@@ -110,6 +111,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no TensorBoard logger per run (no event files, no prediction figure rendered at every "
                         "validation: faster long grids; the run records are the same)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--lr-sweep", nargs=argparse.REMAINDER, default=None, metavar="SWEEP_OPTIONS",
+                   help="instead of a paper grid, the learning-rate sweep of SQP-MoMo (issue 18): every "
+                        "argument after it goes to lit_constrained.compare.sweep (lit-constrained compare "
+                        "--lr-sweep --help)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run the comparison the parsed ``args`` (:func:`add_arguments`) describe: the grid's unfinished runs,
     then the report. Returns 0, or 1 when some runs failed."""
+    if args.lr_sweep is not None:
+        from .sweep import main as sweep_main
+
+        return sweep_main(args.lr_sweep)
+    if args.task is None:
+        parser().error("--task is required (or --lr-sweep for the learning-rate sweep).")
     from .configs import config_budget, find_config
     from .report import write_report
     from .runner import run_grid

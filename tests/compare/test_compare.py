@@ -404,3 +404,17 @@ def test_the_command_and_its_report_need_neither_torch_nor_lightning():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
+
+
+def test_lr_sweep_is_a_compare_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compare --lr-sweep ...`` hands every later argument to the sweep's entry point; without
+    --lr-sweep, --task is required."""
+    import lit_constrained.compare as compare
+    import lit_constrained.compare.sweep as sweep
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(sweep, "main", lambda argv: seen.append(list(argv)) or 0)
+    assert compare.main(["--lr-sweep", "--tasks", "curve", "--steps", "3"]) == 0
+    assert seen == [["--tasks", "curve", "--steps", "3"]]
+    with pytest.raises(SystemExit):
+        compare.main([])
