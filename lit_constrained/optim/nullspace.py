@@ -309,7 +309,8 @@ def refinement_plan(factor: GramFactor, n: int, dtype: torch.dtype) -> Tensor:
 def _code_thresholds(n: int, dtype: torch.dtype, m: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(thresholds on cond(G), weights) of :func:`refinement_code` (host floats, cached per shape)."""
     if dtype == torch.float64:
-        return (REFINE_ABOVE_CONDITION, math.inf, math.inf, math.inf), (1.0, 0.0, 0.0, 0.0)
+        # one step above REFINE_ABOVE_CONDITION; never the exact Gram nor the exact residual (exact already)
+        return (REFINE_ABOVE_CONDITION,) + (math.inf,) * (MAX_REFINEMENTS + 1), (1.0,) + (0.0,) * (MAX_REFINEMENTS + 1)
     gram_eps, eps = gram_error(n, dtype, m), torch.finfo(dtype).eps
     # rate(kappa) = max(kappa gram_eps, eps sqrt(kappa)) > t  <=>  kappa > min(t / gram_eps, (t / eps)^2)
     steps = [min(t / gram_eps, (t / eps) ** 2)
