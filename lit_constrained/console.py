@@ -98,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if lightning_options(args):
             command.error("-c/--config and --print_config before a subcommand are for fit, validate, test and "
                           "predict; compare takes --config-dir (lit-constrained compare --help)")
+        compare.check_arguments(compare.parser(), args)
         sys.exit(compare.run(args))
     from lit_constrained import cli
 

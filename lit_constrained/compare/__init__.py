@@ -117,9 +117,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--lr-sweep --help)")
 
 
+def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What the parser cannot say alone: ``--task`` is required unless ``--lr-sweep`` is given."""
+    if args.task is None and args.lr_sweep is None:
+        p.error("--task is required (or --lr-sweep for the learning-rate sweep).")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m lit_constrained.compare <argv>``: parse, then :func:`run`; returns its exit status."""
-    return run(parser().parse_args(sys.argv[1:] if argv is None else argv))
+    p = parser()
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    check_arguments(p, args)
+    return run(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,8 +138,6 @@ def run(args: argparse.Namespace) -> int:
         from .sweep import main as sweep_main
 
         return sweep_main(args.lr_sweep)
-    if args.task is None:
-        parser().error("--task is required (or --lr-sweep for the learning-rate sweep).")
     from .configs import config_budget, find_config
     from .report import write_report
     from .runner import run_grid
