@@ -262,13 +262,13 @@ def run_hs(problem: Problem, cls: type, lr: float, steps: int, **kwargs) -> tupl
 
 
 @pytest.mark.parametrize("lr", [pytest.param(1.0, marks=pytest.mark.slow), pytest.param(10.0, marks=pytest.mark.slow), 100.0])
-@pytest.mark.parametrize("cls", [SQPMoMo, SQPMoMoAdam])
+@pytest.mark.parametrize("cls,options", FLAVOURS, ids=CLASS_IDS)
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.name)
-def test_hock_schittkowski_converges_at_large_lrs(problem: Problem, cls: type, lr: float) -> None:
+def test_hock_schittkowski_converges_at_large_lrs(problem: Problem, cls: type, options: dict, lr: float) -> None:
     # f* = 0 is the optimal value of HS6, HS28 and HS48: the model's truncation caps the step by itself,
     # so the lr (a cap) can be 1, 10 or 100 with no schedule (measured after 500 steps: max |x - x*| 3.5e-8
-    # to 1.8e-7, |c| <= 1e-15, for all 18 cases; lr = 10 and 100 give the same trajectory: the cap never binds).
-    error, violation = run_hs(problem, cls, lr, steps=500)
+    # to 1.8e-7, |c| <= 1e-15, for all 27 cases; lr = 10 and 100 give the same trajectory: the cap never binds).
+    error, violation = run_hs(problem, cls, lr, steps=500, **options)
     assert error < 1e-5 and violation < 1e-10, (error, violation)
 
 
