@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import time
 import warnings
@@ -42,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from .records import write_json
 
 METHODS: dict[str, str] = {
     "adam_unc": "Adam(unc)",
@@ -322,9 +323,7 @@ def _load(path: str | Path | None) -> list[dict]:
 
 
 def _save(path: str | Path, runs: list[dict]) -> None:
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps({"runs": runs}, indent=0))
-    os.replace(tmp, path)
+    write_json(path, {"runs": runs}, indent=0)
 
 
 def sweep(tasks: Sequence[str], methods: Sequence[str], lrs: Sequence[float], seeds: Sequence[int],
@@ -371,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = sweep(args.tasks, args.methods, args.lrs, args.seeds, steps, workers=args.workers,
                      json_path=args.json)
     print(report(runs, args.tolerance))
+    for task in dict.fromkeys(r["task"] for r in runs):
+        print(f"\n{per_lr_table(runs, task)}")
     print(verdict(runs, args.tolerance))
     if args.figure:
         figure(runs, args.figure)
