@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -19,7 +20,7 @@ from .constrained import (
     Projection,
     Rho,
 )
-from .nullspace import DEFAULT_RCOND, GramFactor, matvec, merged_step
+from .nullspace import DEFAULT_RCOND, GramFactor, host_matvec, matvec, merged_step, to_device
 
 
 class AdamCon(ConstrainedOptimizer):
@@ -152,6 +153,24 @@ class AdamCon(ConstrainedOptimizer):
         projection.extras["normal_direction"] = direction
         scratch = self._buffer("normal", (n,), dtype, c.device)
         return torch.mul(direction, projection.extras["inverse_sqrt_scaling"], out=scratch).norm().to(torch.float64)
+
+    def _normal_norm_host(self, projection: Projection, c: np.ndarray) -> float:
+        """``_normal_norm`` on the host path (c a float64 NumPy array; the m x m solves in NumPy)."""
+        J, factor = projection.jacobian, projection.factor
+        n, dtype = J.shape[1], J.dtype
+        a = projection.step_scale
+        if a is None:
+            direction = self._buffer("normal_direction", (n,), dtype, J.device)
+            merged_step(J, factor, None, 0.0, c, 0, direction)
+        else:
+            rhs = np.stack([c, a * host_matvec(J, projection.extras["direction"])], axis=1)
+            directions = self._buffer("directions", (2, n), dtype, J.device)
+            torch.mm(to_device(-factor.host.solve(rhs).T, J), J, out=directions)
+            direction = directions[0]
+            projection.extras["tangent_direction"] = directions[1]
+        projection.extras["normal_direction"] = direction
+        scratch = self._buffer("normal", (n,), dtype, J.device)
+        return float(torch.mul(direction, projection.extras["inverse_sqrt_scaling"], out=scratch).norm().numpy())
 
     def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
         return self._factorize(jacobian)[0]  # the rank of J itself (diagnostic steps only)

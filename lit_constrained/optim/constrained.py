@@ -58,6 +58,12 @@ Step diagnostics (rank, norms, violation, ...) are computed only when asked,
 ``step(..., diagnostics=True)``, into the plain attribute ``optimizer.diagnostics`` (0-dim tensors: no
 host sync to produce them); ``optimizer.state`` holds only what resuming needs. A step with
 ``diagnostics=False`` reads one value on the host (the finiteness flag and the refinement plan together).
+
+**CPU tensors** (``host_algebra``, on by default): there is no device to wait for, so the m x m algebra
+and the scalar rules (finiteness flags, refinement plan, safeguard) run on NumPy/Python floats, the same
+float64 formulas with far fewer torch dispatches (:mod:`~lit_constrained.optim.nullspace`, "the host
+path"); the n-sized work is the same torch ops either way. On a GPU (or with ``host_algebra = False``)
+everything stays on the device, sync-free.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
@@ -84,6 +91,7 @@ from .nullspace import (
     exact_refinements,
     gram,
     gram_partials_shape,
+    host_refinement_code,
     merged_step,
     refine_,
     refinement_code,
@@ -152,14 +160,15 @@ class Projection:
     Attributes:
         jacobian: the projection Jacobian (J, or J H^{-1/2}) in the working dtype.
         factor: the factorization of its Gram matrix.
-        finite: 0-dim bool, False when the inputs (J, g, ...) hold NaN/inf (checked on m x m data).
+        finite: 0-dim bool (a Python bool on the host path), False when the inputs (J, g, ...) hold
+            NaN/inf (checked on m x m data).
         extras: subclass data for ``_tangent`` / ``_to_x``.
         tangent_scale: see below.
     """
 
     jacobian: Tensor
     factor: GramFactor
-    finite: Tensor
+    finite: Tensor | bool
     extras: dict[str, Any] = field(default_factory=dict)
     tangent_scale: float = 1.0
     """A scalar multiplying w, set by ``_tangent`` (folded into the merged step: no pass over w)."""
@@ -176,6 +185,9 @@ class ConstrainedOptimizer(Optimizer, ABC):
     requires = frozenset({"constraints", "jacobian"})
     shared_keys: tuple[str, ...] = ("rho", "rcond", "max_normal_step", "precision")
     """Hyperparameters of the one projection: equal in all param groups."""
+    host_algebra: bool = True
+    """With CPU tensors, run the m x m algebra and the scalar rules in NumPy (the host path; equal to the
+    torch path to round-off). False keeps the torch path that a GPU runs (the sync-budget tests use it)."""
 
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
         defaults = {
@@ -189,6 +201,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         self._check_group(defaults)
         super().__init__(params, defaults)
         self.diagnostics: dict[str, Tensor] = {}
+        self._on_host = False
         self._buffers: dict[str, Tensor] = {}
         self._view_cache: dict[str, tuple[Any, list[Tensor]]] = {}
         self._check_groups()
@@ -196,6 +209,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("diagnostics", {})
+        self.__dict__.setdefault("_on_host", False)
         self.__dict__.setdefault("_buffers", {})
         self.__dict__.setdefault("_view_cache", {})
 
@@ -249,6 +263,10 @@ class ConstrainedOptimizer(Optimizer, ABC):
         """||T(J~^+ c)|| (0-dim float64): free for T = identity (c^T G~^+ c)."""
         return projection.factor.pinv_norm_sq(c).sqrt()
 
+    def _normal_norm_host(self, projection: Projection, c: np.ndarray) -> float:
+        """``_normal_norm`` on the host path (c a float64 NumPy array)."""
+        return math.sqrt(projection.factor.host.pinv_norm_sq(c))
+
     @abstractmethod
     def _init_state(self, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         """The state at the first step (moments in ``dtype``)."""
@@ -293,9 +311,9 @@ class ConstrainedOptimizer(Optimizer, ABC):
         return (self._buffer("exact_rows", (m, chunk), torch.float64, jacobian.device),
                 self._buffer("exact_vector", (chunk,), torch.float64, jacobian.device))
 
-    def _exact_factor(self, jacobian: Tensor) -> GramFactor:
+    def _exact_factor(self, jacobian: Tensor, host: bool = False) -> GramFactor:
         rows, _ = self._exact_workspace(jacobian)
-        return GramFactor.from_gram(exact_gram(jacobian, rows), self.param_groups[0]["rcond"])
+        return GramFactor.from_gram(exact_gram(jacobian, rows), self.param_groups[0]["rcond"], host=host)
 
     def _factorize(self, jacobian: Tensor) -> tuple[GramFactor, Tensor]:
         """The factor of G = J J^T and whether G is finite (a NaN/inf anywhere in J shows in G; the
@@ -307,6 +325,11 @@ class ConstrainedOptimizer(Optimizer, ABC):
             partials = self._buffer("gram_partials", gram_partials_shape(tuple(jacobian.shape)), jacobian.dtype,
                                     jacobian.device)
         G = gram(jacobian, partials)
+        if self._on_host:
+            finite = bool(np.isfinite(G.numpy()).all())
+            if not finite:  # flagged (the step raises): never used
+                G = torch.zeros_like(G)
+            return GramFactor.from_gram(G, self.param_groups[0]["rcond"], host=True), finite
         finite = torch.isfinite(G).all()
         G = torch.where(finite, G, 0.0)  # a non-finite G is flagged (the step raises): never used
         return GramFactor.from_gram(G, self.param_groups[0]["rcond"]), finite
@@ -365,23 +388,29 @@ class ConstrainedOptimizer(Optimizer, ABC):
         else:
             self._match_state_dtype(state, dtype)
 
+        self._on_host = host = self.host_algebra and m > 0 and device.type == "cpu" and J.device.type == "cpu"
+        c_host = c.numpy() if host else None
         projection = self._prepare(g, J, c, state)
-        # the one host sync: finiteness of the inputs (on m x m data) and the refinement plan together
-        finite = projection.finite & torch.isfinite(c).all()
-        if m == 0:
-            finite = finite & torch.isfinite(torch.dot(g, g))
-        if m:  # plan in {-1, ..., MAX_REFINEMENTS}; + 8 where the residuals need float64 products
-            plan = refinement_code(projection.factor, n, dtype)
+        if host:  # the same decisions from host floats
+            finite = projection.finite and bool(np.isfinite(c_host).all())
+            code = host_refinement_code(projection.factor.host.condition, n, dtype, m) + 2 if finite else 0
         else:
-            plan = torch.zeros((), dtype=torch.int64)
-        plan = plan.to(finite.device)
-        code = int(torch.where(finite, plan + 2, torch.zeros_like(plan)))
+            # the one host sync: finiteness of the inputs (on m x m data) and the refinement plan together
+            finite = projection.finite & torch.isfinite(c).all()
+            if m == 0:
+                finite = finite & torch.isfinite(torch.dot(g, g))
+            if m:  # plan in {-1, ..., MAX_REFINEMENTS}; + 8 where the residuals need float64 products
+                plan = refinement_code(projection.factor, n, dtype)
+            else:
+                plan = torch.zeros((), dtype=torch.int64)
+            plan = plan.to(finite.device)
+            code = int(torch.where(finite, plan + 2, torch.zeros_like(plan)))
         if code == 0:
             self._raise_nonfinite(g, c, J)
         exact_residual = code >= 8
         refinements = code % 8 - 2
         if refinements < 0:
-            projection.factor = self._exact_factor(projection.jacobian)
+            projection.factor = self._exact_factor(projection.jacobian, host)
             refinements = exact_refinements(projection.factor, dtype)
             exact_residual = True
 
@@ -407,24 +436,34 @@ class ConstrainedOptimizer(Optimizer, ABC):
         elif uniform or rho == "full":
             s = 1.0 if rho == "full" else lr * float(rho)
             projection.step_scale = a if uniform else None
-            scale, normal_norm = self._normal_scale(projection, c, s, params, state)
+            if host:  # scale a float, sc a host array (selects the host path of merged_step / refine_)
+                scale, normal_norm = self._normal_scale_host(projection, c_host, s, params, state)
+                sc, zeros = scale * c_host, np.zeros(m)
+            else:
+                scale, normal_norm = self._normal_scale(projection, c, s, params, state)
+                sc, zeros = scale * c, torch.zeros_like(c)
             if uniform:
                 workspace, scaled = self._exact_workspace(projection.jacobian), self._scaled(projection, J)
                 normal = projection.extras.get("normal_direction")
                 tangent = projection.extras.get("tangent_direction")
                 if normal is None:
-                    merged_step(projection.jacobian, projection.factor, w, a, scale * c, refinements, delta,
+                    merged_step(projection.jacobian, projection.factor, w, a, sc, refinements, delta,
                                 workspace, scaled, exact_residual)
                 else:  # -J~^+ c was formed for the safeguard's norm: reuse it, a P~ w + s (-J~^+ c)
                     if tangent is None:
-                        merged_step(projection.jacobian, projection.factor, w, a, torch.zeros_like(c), 0, delta)
+                        merged_step(projection.jacobian, projection.factor, w, a, zeros, 0, delta)
                     else:  # -J~^T G~^+ (a J~ w) came from the same pass: a P~ w = a w + tangent
                         torch.add(tangent, w, alpha=a, out=delta)
-                    delta.addcmul_(normal, scale.to(delta.dtype))
-                    refine_(projection.jacobian, projection.factor, delta, scale * c, refinements, workspace,
+                    if host:
+                        delta.add_(normal, alpha=scale)
+                    else:
+                        delta.addcmul_(normal, scale.to(delta.dtype))
+                    refine_(projection.jacobian, projection.factor, delta, sc, refinements, workspace,
                             scaled, exact_residual)
                 self._to_x(projection, delta)
             else:
+                if host:
+                    scale = torch.tensor(scale, dtype=torch.float64, device=device)
                 self._mixed_lr_step(projection, w, c, scale, None, refinements, J, delta)
         else:  # mixed lrs with a numeric rho: each block's normal part scaled by its own lr * rho
             lr_rho = self._lr_vector(dtype, device).mul_(float(rho))
@@ -436,6 +475,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         if "initial_violation" not in state:
             state["initial_violation"] = c.abs().max() if m else c.new_zeros(())
         if record is not None:
+            normal_norm = torch.as_tensor(normal_norm, dtype=torch.float64, device=device)
             self._record(record, state, projection, c, J, delta, scale, normal_norm, lr, refinements)
             self.diagnostics = record
         return loss
@@ -479,6 +519,44 @@ class ConstrainedOptimizer(Optimizer, ABC):
             state["predicted_violation"] = (c - (s * tau) * reach).norm()
         state["normal_step_capped"] = capped
         return s_t * tau, norm * tau
+
+    @np.errstate(over="ignore", invalid="ignore", divide="ignore")  # inf/NaN silently, as in torch
+    def _normal_scale_host(
+        self, projection: Projection, c: np.ndarray, s: float, params: list[Tensor], state: dict[str, Any]
+    ) -> tuple[float, float]:
+        """``_normal_scale`` on the host path: the same rules on Python floats (c a float64 NumPy array);
+        the state keeps its 0-dim tensors."""
+        cap = self.param_groups[0]["max_normal_step"]
+        adaptive = cap == "adaptive" and self.param_groups[0]["rho"] == "full"
+        norm = s * self._normal_norm_host(projection, c)
+        if cap is None or (cap == "adaptive" and not adaptive):
+            return s, norm
+        x_norm = float(np.linalg.norm(
+            torch.stack(torch._foreach_norm([real_view(p) for p in params])).numpy().astype(np.float64)
+        ))
+        if adaptive:
+            rule = ADAPTIVE_NORMAL_STEP
+            c_norm = float(np.linalg.norm(c))
+            radius = _host_float(state["normal_radius"]) if "normal_radius" in state else rule.initial
+            if "previous_violation" in state:
+                previous, was_capped = _host_float(state["previous_violation"]), _host_float(state["normal_step_capped"])
+                # (max/min with the computed value first keep a NaN, as torch's clamp does)
+                ratio = (previous - c_norm) / max(previous - _host_float(state["predicted_violation"]), _TINY)
+                factor = (rule.shrink if was_capped and ratio < rule.shrink_below
+                          else rule.grow if was_capped and ratio > rule.grow_above else 1.0)
+                radius = min(max(radius * factor, rule.smallest), rule.largest)
+            limit = radius * max(x_norm, 1.0)
+        else:
+            limit = cap * x_norm
+        capped = norm > limit
+        tau = min(limit / max(norm, _TINY), 1.0)
+        if adaptive:
+            reach = projection.factor.host.range_part(c)  # J~ = J H^{-1/2} has the range of J
+            state["normal_radius"] = _host_tensor(radius)
+            state["previous_violation"] = _host_tensor(c_norm)
+            state["predicted_violation"] = _host_tensor(float(np.linalg.norm(c - (s * tau) * reach)))
+        state["normal_step_capped"] = torch.from_numpy(np.asarray(capped, dtype=np.bool_))
+        return s * tau, norm * tau
 
     def _lr_vector(self, dtype: torch.dtype, device: torch.device) -> Tensor:
         """The per-entry lr of the flat layout (the mixed-lr path only)."""
@@ -627,3 +705,13 @@ class ConstrainedOptimizer(Optimizer, ABC):
             record["linearized_feasibility_error"] = (exact_matvec(J, delta) + scale * c).norm() / (
                 scale * c.norm()
             ).clamp_min(_TINY)
+
+
+def _host_float(t: Tensor) -> float:
+    """A 0-dim state tensor as a Python float (a NumPy view on the CPU: no torch dispatch)."""
+    return float(t.numpy()) if t.device.type == "cpu" else float(t)
+
+
+def _host_tensor(value: float) -> Tensor:
+    """A 0-dim float64 CPU tensor holding ``value`` (for the state, on the host path)."""
+    return torch.from_numpy(np.asarray(value, dtype=np.float64))

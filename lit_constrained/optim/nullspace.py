@@ -40,6 +40,13 @@ summed in float64, the cost of one float32 pass) is accurate to about :math:`\ep
 float32 passes' time: the conversion of J dominates) to the float32 rounding of :math:`\delta` itself;
 :func:`exact_residual_needed` picks the exact one only where the blocked one cannot reach
 ``TARGET_ERROR`` (and always on the exact-Gram path).
+
+**The host path (CPU tensors).** The m x m algebra is a few dozen tiny operations per step; as torch ops
+each costs a dispatch (~3-10 us), together about one Adam step at n = 1e5. When the tensors are on the
+CPU, :meth:`GramFactor.from_gram` with ``host=True`` also keeps NumPy views of its data
+(:class:`HostFactor`), and :func:`merged_step` / :func:`refine_` given ``sc`` as a NumPy array do the
+m x m work in NumPy (the same float64 formulas; equal to the torch path to round-off). On a GPU the torch
+path stays, free of host syncs.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -100,17 +108,23 @@ def gram(J: Tensor, workspace: Tensor | None = None) -> Tensor:
         block = gram_block(m)
         blocks = n // block
         full = blocks * block
-        G = torch.zeros(m, m, dtype=torch.float64, device=J.device)
+        G = None
         if blocks:
             Jb = J[:, :full].view(m, blocks, block).transpose(0, 1)
             if workspace is not None and tuple(workspace.shape) == (blocks, m, m):
                 partial = torch.bmm(Jb, Jb.transpose(1, 2), out=workspace)
             else:
                 partial = torch.bmm(Jb, Jb.transpose(1, 2))
-            G += partial.sum(0, dtype=torch.float64)
+            G = partial.sum(0, dtype=torch.float64)
         if full < n:
             rest = J[:, full:]
-            G += (rest @ rest.T).to(torch.float64)
+            tail = (rest @ rest.T).to(torch.float64)
+            G = tail if G is None else G.add_(tail)
+        if G is None:
+            G = torch.zeros(m, m, dtype=torch.float64, device=J.device)
+    if G.device.type == "cpu" and not G.requires_grad:  # the same arithmetic in NumPy: one dispatch instead of three
+        host = G.numpy()
+        return torch.from_numpy(0.5 * (host + host.T))
     return 0.5 * (G + G.T)
 
 
@@ -240,10 +254,16 @@ class GramFactor:
     keep: Tensor
     kept_min: Tensor
     condition: Tensor
+    host: "HostFactor | None" = None
+    """NumPy views of the same data (``from_gram(..., host=True)``, CPU tensors only), for the host path."""
 
     @classmethod
-    def from_gram(cls, G: Tensor, rcond: float = DEFAULT_RCOND) -> "GramFactor":
+    def from_gram(cls, G: Tensor, rcond: float = DEFAULT_RCOND, host: bool = False) -> "GramFactor":
+        """Factor G (float64, symmetric). ``host=True`` (G on the CPU): the cutoff and its scalars are
+        computed in NumPy, and :attr:`host` is set; the tensors are views of the same arrays."""
         eigenvalues, basis = torch.linalg.eigh(G)
+        if host:
+            return cls._from_host_eigh(eigenvalues, basis, rcond)
         largest = eigenvalues[-1]
         # (when largest <= 0 nothing is kept: every eigenvalue is <= largest <= 0 = the cutoff)
         keep = eigenvalues > (rcond**2) * largest.clamp_min(0.0)
@@ -252,6 +272,20 @@ class GramFactor:
         # nothing kept: kept_min = largest, so the ratio is 1, or 0/0 for G = 0
         condition = (largest / kept_min).nan_to_num(nan=1.0)
         return cls(basis, inverse, keep, kept_min, condition)
+
+    @classmethod
+    def _from_host_eigh(cls, eigenvalues: Tensor, basis: Tensor, rcond: float) -> "GramFactor":
+        """``from_gram``'s formulas in NumPy (the same IEEE operations, hence the same values)."""
+        values = eigenvalues.numpy()
+        largest = values[-1]
+        keep = values > (rcond**2) * max(largest, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inverse = np.where(keep, 1.0 / values, 0.0)
+            kept_min = np.where(keep, values, largest).min()
+            condition = np.nan_to_num(largest / kept_min, nan=1.0)
+        host = HostFactor(basis.numpy(), inverse, keep.astype(np.float64), float(condition))
+        return cls(basis, torch.from_numpy(inverse), torch.from_numpy(keep), torch.from_numpy(np.asarray(kept_min)),
+                   torch.from_numpy(np.asarray(condition)), host)
 
     @classmethod
     def empty(cls, device: torch.device | None = None) -> "GramFactor":
@@ -284,6 +318,64 @@ class GramFactor:
     def pinv_norm_sq(self, c: Tensor) -> Tensor:
         """||J^+ c||^2 = c^T G^+ c (no pass over J)."""
         return (self.inverse * (self.basis.T @ c) ** 2).sum()
+
+
+_QUIET = np.errstate(over="ignore", invalid="ignore", divide="ignore")
+"""Host-path arithmetic overflows to inf/NaN silently, as torch's does (a diverging run is reported by
+the step's finiteness checks, not by NumPy warnings)."""
+
+
+@dataclass
+class HostFactor:
+    """A :class:`GramFactor`'s data as NumPy arrays (float64), for the host path on CPU tensors:
+    the same formulas as the tensor methods, without a torch dispatch per operation."""
+
+    basis: np.ndarray
+    inverse: np.ndarray
+    keep: np.ndarray
+    """the kept eigenvalues as 1.0 / 0.0"""
+    condition: float
+
+    @_QUIET
+    def solve(self, b: np.ndarray) -> np.ndarray:
+        """G^+ b for b of shape (m,) or (m, k)."""
+        U = self.basis
+        weights = self.inverse if b.ndim == 1 else self.inverse[:, None]
+        return U @ (weights * (U.T @ b))
+
+    @_QUIET
+    def range_part(self, c: np.ndarray) -> np.ndarray:
+        """U_r U_r^T c."""
+        U = self.basis
+        weights = self.keep if c.ndim == 1 else self.keep[:, None]
+        return U @ (weights * (U.T @ c))
+
+    @_QUIET
+    def pinv_norm_sq(self, c: np.ndarray) -> float:
+        """c^T G^+ c."""
+        return float((self.inverse * (self.basis.T @ c) ** 2).sum())
+
+
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+
+
+def to_device(x: np.ndarray, like: Tensor) -> Tensor:
+    """A host float64 array as a tensor of ``like``'s dtype and device (rounded as ``Tensor.to`` rounds)."""
+    target = _NUMPY_DTYPES.get(like.dtype)
+    if target is None or like.device.type != "cpu":
+        return torch.from_numpy(np.ascontiguousarray(x)).to(device=like.device, dtype=like.dtype)
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=target))
+
+
+def host_matvec(J: Tensor, v: Tensor) -> np.ndarray:
+    """:func:`matvec` as a host float64 array (CPU tensors)."""
+    return (J @ v.to(J.dtype)).numpy().astype(np.float64)
+
+
+def host_refinement_code(condition: float, n: int, dtype: torch.dtype, m: int) -> int:
+    """:func:`refinement_code` from a host float cond(G): the same thresholds and weights."""
+    thresholds, weights = _code_thresholds(n, dtype, m)
+    return int(sum(weight for threshold, weight in zip(thresholds, weights) if condition > threshold))
 
 
 def refinement_plan(factor: GramFactor, n: int, dtype: torch.dtype) -> Tensor:
@@ -373,17 +465,23 @@ def merged_step(
     Then :math:`J\,out = -U_r U_r^T (sc)` up to round-off, improved by ``refinements`` steps of iterative
     refinement (residuals from :func:`exact_matvec` with ``workspace``, or from :func:`blocked_matvec`
     when ``exact`` is False; :func:`exact_residual_needed` decides). ``w=None`` means w = 0 (the
-    normal step alone); ``sc`` is :math:`s c` (float64). Returns ``out`` (J's dtype), which may alias ``w``.
+    normal step alone); ``sc`` is :math:`s c` (float64; a NumPy array selects the host path, which needs
+    ``factor.host`` and CPU tensors). Returns ``out`` (J's dtype), which may alias ``w``.
 
     ``scaled = (J0, d, scratch)``: J is the (rounded) product ``J0 * d`` and the step in x is
     ``d * out``; the residuals are then taken with J0 itself, :math:`-U_r U_r^T(sc) - J_0 (d \odot out)`,
     so that the rounding of J is corrected too (``scratch``: an n-vector buffer).
     """
+    host = factor.host if isinstance(sc, np.ndarray) else None
     if w is None:
         out.zero_()
-        add_rmatvec_(out, J, factor.solve(sc), alpha=-1.0)
+        z = factor.solve(sc) if host is None else to_device(host.solve(sc), J)
+        add_rmatvec_(out, J, z, alpha=-1.0)
     else:
-        z = factor.solve(sc + a * matvec(J, w)).to(J.dtype)
+        if host is None:
+            z = factor.solve(sc + a * matvec(J, w)).to(J.dtype)
+        else:
+            z = to_device(host.solve(sc + a * host_matvec(J, w)), J)
         torch.addmv(w, J.T, z, beta=a, alpha=-1.0, out=out)  # a w - J^T z in one pass
     return refine_(J, factor, out, sc, refinements, workspace, scaled, exact)
 
@@ -402,15 +500,19 @@ def refine_(
     residual from :func:`exact_matvec` (``exact``) or :func:`blocked_matvec`, correction
     :math:`J^T G^+ r` (see :func:`merged_step`)."""
     if refinements:
-        target = -factor.range_part(sc)
+        host = factor.host if isinstance(sc, np.ndarray) else None
+        target = -factor.range_part(sc) if host is None else -host.range_part(sc)
         product = (lambda A, v: exact_matvec(A, v, workspace)) if exact else blocked_matvec
         for _ in range(refinements):
             if scaled is None:
-                residual = target - product(J, out)
+                Jx = product(J, out)
             else:
                 J0, d, scratch = scaled
-                residual = target - product(J0, torch.mul(d, out, out=scratch))
-            add_rmatvec_(out, J, factor.solve(residual))
+                Jx = product(J0, torch.mul(d, out, out=scratch))
+            if host is None:
+                add_rmatvec_(out, J, factor.solve(target - Jx))
+            else:
+                add_rmatvec_(out, J, to_device(host.solve(target - Jx.numpy()), J))
     return out
 
 

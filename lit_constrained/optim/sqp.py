@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -20,7 +21,7 @@ from .constrained import (
     Projection,
     Rho,
 )
-from .nullspace import DEFAULT_RCOND
+from .nullspace import DEFAULT_RCOND, to_device
 
 
 class SQPHeavyBall(ConstrainedOptimizer):
@@ -194,15 +195,17 @@ class SQPAdam(ConstrainedOptimizer):
         etas = []
         for group, block in blocks:
             beta1, beta2 = (float(b) for b in group["betas"])
+            # one group: the whole vectors (no slice views to create)
+            rb, sb, ub, wb = (r, s, u, w) if len(blocks) == 1 else (r[block], s[block], u[block], w[block])
             if shared is not None:
-                r[block].lerp_(u[block], 1.0 - beta1)
-                s[block].mul_(beta2).addcmul_(u[block], u[block], value=(1.0 - beta1) ** 2)
+                rb.lerp_(ub, 1.0 - beta1)
+                sb.mul_(beta2).addcmul_(ub, ub, value=(1.0 - beta1) ** 2)
             else:
                 h = float(group["h"])
-                r[block].mul_(beta1).add_(u[block], alpha=-1.0 / h)
-                s[block].mul_(beta2).addcmul_(u[block], u[block], value=1.0 / h**2)
-            torch.add(s[block], float(group["eps"]), out=w[block]).sqrt_()
-            torch.div(r[block], w[block], out=w[block])  # r / sqrt(s + eps)
+                rb.mul_(beta1).add_(ub, alpha=-1.0 / h)
+                sb.mul_(beta2).addcmul_(ub, ub, value=1.0 / h**2)
+            torch.add(sb, float(group["eps"]), out=wb).sqrt_()
+            torch.div(rb, wb, out=wb)  # r / sqrt(s + eps)
             etas.append((1.0 - beta1) * math.sqrt(1.0 - beta2**k) / math.sqrt(1.0 - beta2))
         if all(eta == etas[0] for eta in etas):
             projection.tangent_scale = etas[0]  # folded into the merged step's scalar
@@ -218,6 +221,9 @@ def projected_gradient_setup(opt: ConstrainedOptimizer, g: Tensor, jacobian: Ten
     """Factor J J^T and form J g (float32 products are enough: P g is projected again in the step).
     A NaN/inf in g shows in J g, one in J in the Gram matrix."""
     factor, finite = opt._factorize(jacobian)
+    if factor.host is not None:  # the host path (CPU tensors): J g as a float64 NumPy array
+        Jg = (jacobian @ g).numpy().astype(np.float64)
+        return Projection(jacobian, factor, finite and bool(np.isfinite(Jg).all()), {"Jg": Jg, "c": c})
     Jg = (jacobian @ g).to(torch.float64)
     return Projection(jacobian, factor, finite & torch.isfinite(Jg).all(), {"Jg": Jg, "c": c})
 
@@ -233,11 +239,15 @@ def projected_gradient(opt: ConstrainedOptimizer, projection: Projection, g: Ten
     """scale * P g = scale (g - J^T G^+ J g) into a workspace (one pass over J; the scale is free)."""
     factor, Jg = projection.factor, projection.extras["Jg"]
     u = opt._buffer("projected_gradient", tuple(g.shape), g.dtype, g.device)
-    if not Jg.numel():
+    if not Jg.size if isinstance(Jg, np.ndarray) else not Jg.numel():
         return u.copy_(g) if scale == 1.0 else torch.mul(g, scale, out=u)
     J = projection.jacobian
-    torch.addmv(g, J.T, factor.solve(Jg).to(J.dtype), beta=scale, alpha=-scale, out=u)
-    if Jg.numel():
-        if diagnostics is not None:  # the KKT multiplier of beta = 0
-            diagnostics["multiplier_norm"] = factor.solve(projection.extras["c"] - Jg).norm()
+    if isinstance(Jg, np.ndarray):  # the host path
+        y = to_device(factor.host.solve(Jg), J)
+        Jg = torch.from_numpy(Jg)
+    else:
+        y = factor.solve(Jg).to(J.dtype)
+    torch.addmv(g, J.T, y, beta=scale, alpha=-scale, out=u)
+    if diagnostics is not None:  # the KKT multiplier of beta = 0
+        diagnostics["multiplier_norm"] = factor.solve(projection.extras["c"] - Jg).norm()
     return u
