@@ -91,6 +91,7 @@ from .nullspace import (
     exact_refinements,
     gram,
     gram_partials_shape,
+    host_norm,
     host_refinement_code,
     merged_step,
     refine_,
@@ -531,12 +532,10 @@ class ConstrainedOptimizer(Optimizer, ABC):
         norm = s * self._normal_norm_host(projection, c)
         if cap is None or (cap == "adaptive" and not adaptive):
             return s, norm
-        x_norm = float(np.linalg.norm(
-            torch.stack(torch._foreach_norm([real_view(p) for p in params])).numpy().astype(np.float64)
-        ))
+        x_norm = host_norm(torch.stack(torch._foreach_norm([real_view(p) for p in params])).numpy().astype(np.float64))
         if adaptive:
             rule = ADAPTIVE_NORMAL_STEP
-            c_norm = float(np.linalg.norm(c))
+            c_norm = host_norm(c)
             radius = _host_float(state["normal_radius"]) if "normal_radius" in state else rule.initial
             if "previous_violation" in state:
                 previous, was_capped = _host_float(state["previous_violation"]), _host_float(state["normal_step_capped"])
@@ -554,7 +553,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
             reach = projection.factor.host.range_part(c)  # J~ = J H^{-1/2} has the range of J
             state["normal_radius"] = _host_tensor(radius)
             state["previous_violation"] = _host_tensor(c_norm)
-            state["predicted_violation"] = _host_tensor(float(np.linalg.norm(c - (s * tau) * reach)))
+            state["predicted_violation"] = _host_tensor(host_norm(c - (s * tau) * reach))
         state["normal_step_capped"] = torch.from_numpy(np.asarray(capped, dtype=np.bool_))
         return s * tau, norm * tau
 

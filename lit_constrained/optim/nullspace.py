@@ -275,17 +275,20 @@ class GramFactor:
 
     @classmethod
     def _from_host_eigh(cls, eigenvalues: Tensor, basis: Tensor, rcond: float) -> "GramFactor":
-        """``from_gram``'s formulas in NumPy (the same IEEE operations, hence the same values)."""
+        """``from_gram``'s cutoff in NumPy and Python floats (the same IEEE operations, hence the same
+        values). The eigenvalues ascend, so the kept ones are the last r and the smallest kept is the r-th
+        from the end."""
         values = eigenvalues.numpy()
-        largest = values[-1]
+        largest = float(values[-1])
         keep = values > (rcond**2) * max(largest, 0.0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            inverse = np.where(keep, 1.0 / values, 0.0)
-            kept_min = np.where(keep, values, largest).min()
-            condition = np.nan_to_num(largest / kept_min, nan=1.0)
-        host = HostFactor(basis.numpy(), inverse, keep.astype(np.float64), float(condition))
-        return cls(basis, torch.from_numpy(inverse), torch.from_numpy(keep), torch.from_numpy(np.asarray(kept_min)),
-                   torch.from_numpy(np.asarray(condition)), host)
+        inverse = np.divide(1.0, values, out=np.zeros_like(values), where=keep)
+        rank = int(np.count_nonzero(keep))
+        kept_min = float(values[-rank]) if rank else largest
+        # nothing kept: kept_min = largest, so the ratio is 1, or 0/0 for G = 0 (1 as well)
+        condition = largest / kept_min if kept_min != 0.0 else 1.0
+        host = HostFactor(basis.numpy(), inverse, keep.astype(np.float64), condition)
+        return cls(basis, torch.from_numpy(inverse), torch.from_numpy(keep), _host_scalar(kept_min),
+                   _host_scalar(condition), host)
 
     @classmethod
     def empty(cls, device: torch.device | None = None) -> "GramFactor":
@@ -354,6 +357,16 @@ class HostFactor:
     def pinv_norm_sq(self, c: np.ndarray) -> float:
         """c^T G^+ c."""
         return float((self.inverse * (self.basis.T @ c) ** 2).sum())
+
+
+def _host_scalar(value: float) -> Tensor:
+    """A 0-dim float64 CPU tensor (from a NumPy scalar: cheaper than ``torch.tensor``)."""
+    return torch.from_numpy(np.asarray(value, dtype=np.float64))
+
+
+def host_norm(x: np.ndarray) -> float:
+    """The 2-norm of a float64 vector, sqrt(x . x) (``np.linalg.norm``'s formula without its overhead)."""
+    return math.sqrt(float(x @ x))
 
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
