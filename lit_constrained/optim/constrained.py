@@ -284,10 +284,16 @@ class ConstrainedOptimizer(Optimizer, ABC):
     def _working_dtype(self, params: list[Tensor]) -> torch.dtype:
         if self.param_groups[0]["precision"] == "float64":
             return torch.float64
+        dtypes = tuple(p.dtype for p in params)
+        cached = self._view_cache.get("working_dtype")
+        if cached is not None and cached[0] == dtypes:  # (promote_types is a dispatch per parameter)
+            return cached[1]
         dtype = torch.float32
         for p in params:
             dtype = torch.promote_types(dtype, real_view(p).dtype)
-        return dtype if dtype.is_floating_point else torch.float32
+        dtype = dtype if dtype.is_floating_point else torch.float32
+        self._view_cache["working_dtype"] = (dtypes, dtype)
+        return dtype
 
     def _group_blocks(self) -> list[tuple[dict[str, Any], slice]]:
         """Each param group with its slice of the flat vector (cached while the groups' params stay)."""
@@ -389,7 +395,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
         else:
             self._match_state_dtype(state, dtype)
 
-        self._on_host = host = self.host_algebra and m > 0 and device.type == "cpu" and J.device.type == "cpu"
+        self._on_host = host = (self.host_algebra and m > 0 and device.type == "cpu" and J.device.type == "cpu"
+                                and c.device.type == "cpu")
         c_host = c.numpy() if host else None
         projection = self._prepare(g, J, c, state)
         if host:  # the same decisions from host floats

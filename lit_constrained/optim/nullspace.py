@@ -232,7 +232,7 @@ def exact_residual_needed(factor: "GramFactor", n: int, dtype: torch.dtype) -> T
 
 def add_rmatvec_(out: Tensor, J: Tensor, z: Tensor, alpha: float = 1.0) -> Tensor:
     """out += alpha J^T z, in place (out and J share a dtype; z is cast to it)."""
-    return out.addmv_(J.T, z.to(J.dtype), alpha=alpha)
+    return out.addmv_(J.T, z if z.dtype == J.dtype else z.to(J.dtype), alpha=alpha)
 
 
 # ---------------------------------------------------------------------------- the m x m algebra
@@ -382,7 +382,7 @@ def to_device(x: np.ndarray, like: Tensor) -> Tensor:
 
 def host_matvec(J: Tensor, v: Tensor) -> np.ndarray:
     """:func:`matvec` as a host float64 array (CPU tensors)."""
-    return (J @ v.to(J.dtype)).numpy().astype(np.float64)
+    return (J @ (v if v.dtype == J.dtype else v.to(J.dtype))).numpy().astype(np.float64)
 
 
 def host_refinement_code(condition: float, n: int, dtype: torch.dtype, m: int) -> int:
