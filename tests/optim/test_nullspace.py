@@ -1,10 +1,11 @@
 """The null-space algebra (nullspace.py), the flat layout (flat.py) and the input checks (checks.py)
-against dense float64 references (numpy-free: torch.linalg in float64)."""
+against dense float64 references (torch.linalg in float64; NumPy only as the host path's input type)."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,6 +32,7 @@ from lit_constrained.optim.nullspace import (
     exact_residual_needed,
     gram,
     gram_error,
+    host_refinement_code,
     merged_step,
     refinement_code,
     refinement_plan,
@@ -98,6 +100,16 @@ def test_refinement_code_is_plan_plus_residual_flag(dtype, n):
         assert int(refinement_code(factor, n, dtype)) == expected, cond_gram
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("n", [1_000, 100_000, 1_000_000])
+def test_host_refinement_code_is_plan_plus_residual_flag(dtype, n):
+    """The host path's decision from a Python float cond(G) equals the error models' decisions."""
+    for cond_gram in torch.logspace(0, 14, 57, dtype=F64).tolist():
+        factor = GramFactor.from_gram(torch.diag(torch.tensor([1.0, 0.3, 1.0 / cond_gram], dtype=F64)), host=True)
+        expected = int(refinement_plan(factor, n, dtype)) + 8 * int(exact_residual_needed(factor, n, dtype))
+        assert host_refinement_code(factor.host.condition, n, dtype, 3) == expected, cond_gram
+
+
 def test_exact_gram_and_exact_matvec_are_float64_accurate_for_float32_data():
     gen = torch.Generator().manual_seed(1)
     J = torch.randn(5, 50_000, generator=gen)
@@ -127,6 +139,31 @@ def test_gram_factor_pseudo_inverse_rank_and_singular_values_against_dense():
     R = J @ torch.linalg.pinv(J)
     torch.testing.assert_close(factor.range_part(b), R @ b, rtol=1e-10, atol=1e-10)
     assert float(factor.pinv_norm_sq(b)) == pytest.approx(float((torch.linalg.pinv(J) @ b).norm() ** 2), rel=1e-8)
+
+
+@pytest.mark.parametrize("case", ["rank_deficient", "full_rank", "zero", "negative"])
+def test_host_factor_against_dense_and_the_tensor_factor(case):
+    """GramFactor.from_gram(host=True): the same cutoff, rank and condition as the tensor path (the same
+    IEEE operations), and HostFactor's G^+ b, U_r U_r^T b and b^T G^+ b against a dense pseudo-inverse."""
+    J = svd_jacobian(4, 30, 1e3, dtype=F64)
+    if case == "rank_deficient":
+        J[2] = 0.5 * J[0] + J[1]
+    G = {"zero": torch.zeros(4, 4, dtype=F64), "negative": -torch.eye(4, dtype=F64)}.get(case, J @ J.T)
+    host, device = GramFactor.from_gram(G, host=True), GramFactor.from_gram(G)
+    assert host.host is not None and device.host is None
+    assert torch.equal(host.keep, device.keep) and torch.equal(host.inverse, device.inverse)
+    assert float(host.kept_min) == float(device.kept_min) and host.host.condition == float(device.condition)
+    assert int(host.rank) == int(device.rank) == {"rank_deficient": 3, "full_rank": 4}.get(case, 0)
+    b = torch.randn(4, dtype=F64, generator=torch.Generator().manual_seed(2))
+    # (a Gram matrix is PSD: a non-positive largest eigenvalue keeps nothing, G^+ = 0)
+    pinv_G = torch.zeros_like(G) if case == "negative" else torch.linalg.pinv(G, hermitian=True, rtol=1e-10)
+    range_projector = G @ pinv_G
+    torch.testing.assert_close(torch.from_numpy(host.host.solve(b.numpy())), pinv_G @ b, rtol=1e-8, atol=1e-10)
+    B = torch.stack([b, 2.0 * b], dim=1)
+    torch.testing.assert_close(torch.from_numpy(host.host.solve(B.numpy())), pinv_G @ B, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(torch.from_numpy(host.host.range_part(b.numpy())), range_projector @ b,
+                               rtol=1e-10, atol=1e-10)
+    assert host.host.pinv_norm_sq(b.numpy()) == pytest.approx(float(b @ pinv_G @ b), rel=1e-8, abs=1e-12)
 
 
 def test_zero_jacobian_has_rank_zero_and_a_zero_pseudo_inverse():
@@ -160,6 +197,25 @@ def test_merged_step_is_a_projected_w_plus_the_minimum_norm_normal_step(dtype):
     tol = 1e-12 if dtype == F64 else 1e-5
     torch.testing.assert_close(out.to(F64), expected, rtol=tol, atol=tol * expected.abs().max().item())
     torch.testing.assert_close(J64 @ out.to(F64), -sc, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("exact", [True, False])
+def test_host_merged_step_against_dense(dtype, exact):
+    """merged_step with sc as a NumPy array (the host path, refinements with either residual) is
+    a P w - J^+ (s c), against a dense pseudo-inverse; w = None gives -J^+ (s c)."""
+    gen = torch.Generator().manual_seed(3)
+    J = svd_jacobian(5, 400, 100.0, dtype=dtype)
+    w = torch.randn(400, generator=gen, dtype=dtype)
+    sc = torch.randn(5, generator=gen, dtype=F64)
+    factor = GramFactor.from_gram(gram(J), host=True)
+    J64 = J.to(F64)
+    tol = 1e-12 if dtype == F64 else 1e-5
+    out = merged_step(J, factor, w, 0.3, sc.numpy(), 2, torch.empty_like(w), exact=exact)
+    expected = 0.3 * dense_projector(J64) @ w.to(F64) - torch.linalg.pinv(J64) @ sc
+    torch.testing.assert_close(out.to(F64), expected, rtol=tol, atol=tol * expected.abs().max().item())
+    normal = merged_step(J, factor, None, 0.0, sc.numpy(), 1, torch.empty_like(w), exact=exact)
+    torch.testing.assert_close(J64 @ normal.to(F64), -sc, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("cond,bound", [(1e3, 1e-6), (1e5, 1e-6)])
