@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .autocast import outside_autocast
 from lit_constrained.optim.checks import check_betas, check_lr, check_positive
 from lit_constrained.optim.flat import real_view
 
@@ -103,6 +104,7 @@ class ConstantStepAdam(torch.optim.Optimizer):
         super().__setstate__(state)  # torch pickles defaults, state and param_groups only
         self.__dict__.setdefault("diagnostics", {})
 
+    @outside_autocast
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None, *, diagnostics: bool = False) -> Any:
         """One step of Algorithm 1; ``diagnostics=True`` fills ``optimizer.diagnostics`` (else emptied).

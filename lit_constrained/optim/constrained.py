@@ -79,6 +79,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.optimizer import ParamsT
 
+from .autocast import outside_autocast
 from .checks import check_finite, check_lr, check_positive, check_shared_keys, prepared_constraint_inputs
 from .flat import block_sizes, group_params, real_view
 from .nullspace import (
@@ -346,6 +347,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         return projection.factor
 
     # ------------------------------------------------------------------ the step
+    @outside_autocast
     @torch.no_grad()
     def step(
         self,

@@ -102,6 +102,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.optimizer import ParamsT
 
+from .autocast import outside_autocast
 from .checks import check_beta, check_betas, check_lr, check_positive, check_shared_keys, loss_from_closure
 from .flat import real_view
 
@@ -300,6 +301,7 @@ class _MoMoBase(Optimizer, ABC):
             check_lr(group["lr"])
         check_shared_keys(type(self).__name__, self.param_groups, self.shared_keys, "the one model of the loss")
 
+    @outside_autocast
     def step(self, closure: Callable[[], Any] | None = None, *, diagnostics: bool = False) -> Any:
         """One MoMo step. ``closure`` returns the loss value (it is called once, under grad mode).
 

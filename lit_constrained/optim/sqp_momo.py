@@ -176,6 +176,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.optimizer import ParamsT
 
+from .autocast import outside_autocast
 from .checks import (
     check_beta, check_betas, check_constraint_inputs, check_finite, check_lr, check_positive, check_shared_keys,
     loss_from_closure,
@@ -338,6 +339,7 @@ class _SQPMoMoBase(Optimizer, ABC):
             return torch.zeros(0, dtype=torch.float64, device=device), torch.zeros(0, n, dtype=dtype, device=device)
         return constraints.detach().to(device=device, dtype=torch.float64), jacobian.detach().to(device=device, dtype=dtype)
 
+    @outside_autocast
     @torch.no_grad()
     def step(
         self,

@@ -595,3 +595,37 @@ def test_host_syncs_per_step(info: OptimizerInfo) -> None:
         assert syncs.count <= adam_syncs.count, (syncs.calls, adam_syncs.calls)
     if info.sync_free:
         assert syncs.count == 0, syncs.calls
+
+
+@pytest.mark.parametrize("info", REGISTRY, ids=IDS)
+def test_autocast_does_not_reach_the_step(info: OptimizerInfo) -> None:
+    """Under ``torch.autocast`` (bf16, as Lightning's bf16-mixed runs the whole training step) the step's
+    linear algebra still runs in the parameters' dtype: the same iterates as without autocast, bit for bit."""
+    plain = make_params(torch.float32)
+    mixed = make_params(torch.float32)
+    opt_plain, opt_mixed = info.make(plain), info.make(mixed)
+    for k in range(3):
+        loss, kwargs = prepare(info, opt_plain, k)
+        opt_plain.step(lambda: loss, **kwargs)
+        loss, kwargs = prepare(info, opt_mixed, k)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            opt_mixed.step(lambda: loss, **kwargs)
+    assert torch.equal(flat(plain), flat(mixed))
+
+
+def test_a_closure_keeps_the_callers_autocast() -> None:
+    """The step runs outside autocast, but a closure that evaluates the model sees the caller's settings."""
+    from lit_constrained.optim import SQPAdam
+
+    w = torch.nn.Parameter(torch.ones(3))
+    seen: list[bool] = []
+
+    def closure() -> Tensor:
+        seen.append(torch.is_autocast_enabled("cpu"))
+        w.grad = torch.ones(3)
+        return (w * w).sum()
+
+    opt = SQPAdam([w], lr=1e-3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        opt.step(closure, constraints=w.detach()[:1] - 1.0, jacobian=torch.tensor([[1.0, 0.0, 0.0]]))
+    assert seen == [True]
