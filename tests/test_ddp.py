@@ -1,6 +1,6 @@
 """Two CPU processes (gloo): the DDP path of ConstrainedModule with every optimizer of the package.
 
-One fork/spawn of 2 workers trains the float64 ``ShardTask`` of ``ddp_helpers`` with each optimizer in
+One fork/spawn of 2 workers trains the float64 ``ShardTask`` of ``tests.helpers.ddp`` with each optimizer in
 turn (``Trainer(strategy="ddp", devices=2)``, 3 epochs of 2 steps, validation every epoch, a checkpoint
 every epoch). Each rank trains on its own rows (Lightning's DistributedSampler); the 3 constraint
 points are the same on every rank. The parent process then

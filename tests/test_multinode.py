@@ -4,7 +4,7 @@ Each process gets only Lightning's cluster environment variables (``MASTER_ADDR=
 ``MASTER_PORT``, ``NODE_RANK``, ``WORLD_SIZE=2``, ``LOCAL_RANK=0``), as torchrun or a SLURM script
 sets them on each node, and builds ``Trainer(strategy="ddp", devices=1, num_nodes=2)``. Lightning's
 default environment then derives the global rank from the node rank. The run (SQP-Adam on the
-float64 task of ddp_helpers, row-sharded Jacobian: node 0 differentiates 2 of the 3 rows, node 1
+float64 task of tests.helpers.ddp, row-sharded Jacobian: node 0 differentiates 2 of the 3 rows, node 1
 one) must equal the 1-process run on the union of the nodes' batches at every step.
 """
 
