@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lit_constrained.callbacks.lipschitz import LipschitzEstimator
 from lit_constrained.optim.constant_step_adam import ConstantStepAdam
+from tests.helpers.lightning import quiet_trainer
 
 torch.set_num_threads(1)
 
@@ -29,20 +30,10 @@ torch.set_num_threads(1)
 
 
 def _trainer(tmp_path: Path | None = None, **kwargs: Any) -> Trainer:
-    defaults = dict(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+    defaults: dict[str, Any] = dict(max_epochs=2)
     if tmp_path is not None:
         defaults["default_root_dir"] = str(tmp_path)
-    defaults.update(kwargs)
-    return Trainer(**defaults)
+    return quiet_trainer(**{**defaults, **kwargs})
 
 
 class ManualTask(LightningModule):
