@@ -138,24 +138,15 @@ class AdamCon(ConstrainedOptimizer):
         groups share one lr (``projection.step_scale`` = a) the same pass forms the tangential part,
         :math:`-\tilde J^T \tilde G^+ (a \tilde J w)` (``extras["tangent_direction"]``): one product
         :math:`Y^T \tilde J` with two columns in Y costs one read of J~, like one of them."""
-        J, factor = projection.jacobian, projection.factor
-        n, dtype = J.shape[1], J.dtype
-        a = projection.step_scale
-        if a is None:
-            direction = self._buffer("normal_direction", (n,), dtype, c.device)
-            merged_step(J, factor, None, 0.0, c, 0, direction)
-        else:
-            rhs = torch.stack([c, a * matvec(J, projection.extras["direction"])], dim=1)
-            directions = self._buffer("directions", (2, n), dtype, c.device)
-            torch.mm(factor.solve(rhs).T.neg().to(dtype), J, out=directions)
-            direction = directions[0]
-            projection.extras["tangent_direction"] = directions[1]
-        projection.extras["normal_direction"] = direction
-        scratch = self._buffer("normal", (n,), dtype, c.device)
-        return torch.mul(direction, projection.extras["inverse_sqrt_scaling"], out=scratch).norm().to(torch.float64)
+        return self._scaled_normal(projection, c).norm().to(torch.float64)
 
     def _normal_norm_host(self, projection: Projection, c: np.ndarray) -> float:
         """``_normal_norm`` on the host path (c a float64 NumPy array; the m x m solves in NumPy)."""
+        return float(self._scaled_normal(projection, c).norm().numpy())
+
+    def _scaled_normal(self, projection: Projection, c: Tensor | np.ndarray) -> Tensor:
+        """H^{-1/2} J~^+ c into a workspace, and the directions it needs into ``projection.extras``; the
+        m x m solve in NumPy when c is a NumPy array (the host path), else in torch."""
         J, factor = projection.jacobian, projection.factor
         n, dtype = J.shape[1], J.dtype
         a = projection.step_scale
@@ -163,14 +154,20 @@ class AdamCon(ConstrainedOptimizer):
             direction = self._buffer("normal_direction", (n,), dtype, J.device)
             merged_step(J, factor, None, 0.0, c, 0, direction)
         else:
-            rhs = np.stack([c, a * host_matvec(J, projection.extras["direction"])], axis=1)
+            w = projection.extras["direction"]
+            if isinstance(c, np.ndarray):
+                rhs = np.stack([c, a * host_matvec(J, w)], axis=1)
+                coefficients = to_device(-factor.host.solve(rhs).T, J)
+            else:
+                rhs = torch.stack([c, a * matvec(J, w)], dim=1)
+                coefficients = factor.solve(rhs).T.neg().to(dtype)
             directions = self._buffer("directions", (2, n), dtype, J.device)
-            torch.mm(to_device(-factor.host.solve(rhs).T, J), J, out=directions)
+            torch.mm(coefficients, J, out=directions)
             direction = directions[0]
             projection.extras["tangent_direction"] = directions[1]
         projection.extras["normal_direction"] = direction
         scratch = self._buffer("normal", (n,), dtype, J.device)
-        return float(torch.mul(direction, projection.extras["inverse_sqrt_scaling"], out=scratch).norm().numpy())
+        return torch.mul(direction, projection.extras["inverse_sqrt_scaling"], out=scratch)
 
     def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
         return self._factorize(jacobian)[0]  # the rank of J itself (diagnostic steps only)
