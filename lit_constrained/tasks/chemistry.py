@@ -9,7 +9,8 @@ the residuals at a row :math:`x = (u_0, t)` are
     r_\\theta(x) = \\partial_t u_\\theta(x) - K u_\\theta(x) \\in \\mathbb{R}^4, \\qquad
     b_\\theta(x) = w^T \\partial_t u_\\theta(x) \\in \\mathbb{R}
 
-(:math:`\\partial_t` by forward-mode AD, one pass for the 4 outputs, or by 4 reverse passes). Over a
+(:math:`\\partial_t` by carrying the tangent :math:`e_t` through the MLP's layers by hand, the default; by
+forward-mode AD, one pass for the 4 outputs; or by 4 reverse passes). Over a
 batch B with labeled rows L (a fixed random 20 % of all rows):
 
 .. math::
@@ -55,7 +56,7 @@ from lit_constrained.tasks.chemistry_data import (
     reaction_matrix,
 )
 from lit_constrained.callbacks.monitoring import small_figure
-from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
+from lit_constrained.tasks.common import DTypeName, mlp, mlp_with_tangent, torch_dtype
 
 __all__ = [
     "Chemistry",
@@ -68,7 +69,7 @@ __all__ = [
     "state_and_rate",
 ]
 
-DerivativeMode = Literal["forward", "reverse"]
+DerivativeMode = Literal["tangent", "forward", "reverse"]
 
 #: column of the time in the input x = (u0, t)
 TIME_COLUMN = 4
@@ -122,7 +123,10 @@ class Chemistry(ConstrainedModule):
         normalize: fixed affine normalization of inputs and outputs (off: the paper's setting).
         t_max: time horizon (for the normalization).
         ic_spread: half-width of the initial-condition perturbation (for the normalization).
-        derivative: ``"forward"`` (forward-mode AD, default, faster) or ``"reverse"`` for du/dt.
+        derivative: how du/dt is computed: ``"tangent"`` (default: the tangent carried through the
+            MLP's layers by hand, :func:`~lit_constrained.tasks.common.mlp_with_tangent`; about 2x
+            faster per training step than forward-mode AD), ``"forward"`` (forward-mode AD, any
+            network) or ``"reverse"`` (4 reverse passes).
         dtype: ``"float32"`` or ``"float64"`` for the network (batches are cast to it).
         **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
@@ -140,7 +144,7 @@ class Chemistry(ConstrainedModule):
         normalize: bool = False,
         t_max: float = 10.0,
         ic_spread: float = 1.0,
-        derivative: DerivativeMode = "forward",
+        derivative: DerivativeMode = "tangent",
         dtype: DTypeName = "float32",
         **kwargs: Any,
     ) -> None:
@@ -149,8 +153,8 @@ class Chemistry(ConstrainedModule):
                             ("data_weight", data_weight)):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}.")
-        if derivative not in ("forward", "reverse"):
-            raise ValueError(f"derivative must be 'forward' or 'reverse', got {derivative!r}.")
+        if derivative not in ("tangent", "forward", "reverse"):
+            raise ValueError(f"derivative must be 'tangent', 'forward' or 'reverse', got {derivative!r}.")
         if t_max <= 0 or ic_spread <= 0:
             raise ValueError(f"t_max and ic_spread must be > 0, got {t_max}, {ic_spread}.")
         self.residual_weight = float(residual_weight)
@@ -188,7 +192,15 @@ class Chemistry(ConstrainedModule):
 
     def state_and_rate(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(u, du/dt) of the network at rows x, both (N, 4)."""
-        return state_and_rate(self, x, self.derivative)
+        if self.derivative != "tangent":
+            return state_and_rate(self, x, self.derivative)
+        if x.dim() != 2 or x.shape[1] <= TIME_COLUMN:
+            raise ValueError(f"x must have shape (N, 5) = (u0, t) rows, got {tuple(x.shape)}.")
+        # d/dt of the normalized input is e_t / in_scale[t]; d/dt of the output is out_scale * (net's)
+        tangent = torch.zeros_like(x)
+        tangent[:, TIME_COLUMN] = 1.0 / self.in_scale[TIME_COLUMN]
+        out, rate = mlp_with_tangent(self.net, (x - self.in_shift) / self.in_scale, tangent)
+        return self.out_shift + self.out_scale * out, self.out_scale * rate
 
     def ode_residual(self, u: Tensor, rate: Tensor) -> Tensor:
         """du/dt - K u, (N, 4)."""

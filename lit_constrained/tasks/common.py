@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Literal
 
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 DTypeName = Literal["float32", "float64"]
 
@@ -46,6 +47,33 @@ def mlp(
         width = hidden
     layers.append(nn.Linear(width, out_dim))
     return nn.Sequential(*layers)
+
+
+def mlp_with_tangent(net: nn.Sequential, x: Tensor, tangent: Tensor) -> tuple[Tensor, Tensor]:
+    """``(net(x), J_net(x) tangent)``: the output and its directional derivative, row by row.
+
+    The tangent is carried through the layers by hand, which autograd can then differentiate
+    with respect to the weights (cheaper than ``torch.autograd.forward_ad`` under a backward pass):
+
+    .. math::
+
+        z = W h + b,\\ \dot z = W \dot h; \qquad h' = \tanh z,\\ \dot h' = (1 - h'^2) \odot \dot z.
+
+    ``net`` is a :func:`mlp` (``nn.Linear`` and ``nn.Tanh`` layers); any other layer raises.
+    """
+    state, direction = x, tangent
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            state, direction = layer(state), F.linear(direction, layer.weight)
+        elif isinstance(layer, nn.Tanh):
+            state = torch.tanh(state)
+            direction = direction * (1.0 - state * state)
+        else:
+            raise TypeError(
+                f"mlp_with_tangent supports nn.Linear and nn.Tanh layers, got {type(layer).__name__}: "
+                "use forward-mode AD (torch.autograd.forward_ad) for other networks."
+            )
+    return state, direction
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -143,6 +143,19 @@ def test_forward_and_reverse_mode_rates_agree() -> None:
 
 
 @pytest.mark.parametrize("normalize", [False, True])
+def test_tangent_mode_matches_forward_mode_ad(normalize: bool) -> None:
+    """The default (tangent carried through the layers) against forward-mode AD of the whole module."""
+    torch.manual_seed(0)
+    tangent = Chemistry(dtype="float64", normalize=normalize, hidden=16, depth=2)
+    forward = Chemistry(dtype="float64", normalize=normalize, hidden=16, depth=2, derivative="forward")
+    forward.load_state_dict(tangent.state_dict())
+    assert tangent.derivative == "tangent"
+    x = torch.as_tensor(generate_chemistry(n_ic=2, n_val_ic=1, n_test_ic=1, n_times=8)["x"])
+    for got, want in zip(tangent.state_and_rate(x), forward.state_and_rate(x)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
 def test_rate_matches_finite_differences_in_time(normalize: bool) -> None:
     """du/dt of the (optionally normalized) network against central differences of its output."""
     torch.manual_seed(0)

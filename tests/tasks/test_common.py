@@ -7,7 +7,9 @@ import torch
 from torch import nn
 
 from lit_constrained.batch import cast_floats
-from lit_constrained.tasks.common import mlp, torch_dtype
+import torch.autograd.forward_ad as fwAD
+
+from lit_constrained.tasks.common import mlp, mlp_with_tangent, torch_dtype
 
 
 def test_mlp_shapes_and_parameter_counts() -> None:
@@ -31,3 +33,27 @@ def test_dtype_names_and_cast() -> None:
     batch = cast_floats({"x": torch.zeros(2, dtype=torch.float64), "i": torch.zeros(2, dtype=torch.long)},
                         torch.float32)
     assert batch["x"].dtype == torch.float32 and batch["i"].dtype == torch.long
+
+
+def test_mlp_with_tangent_matches_forward_mode_ad_and_its_weight_gradients() -> None:
+    """The hand-carried tangent against torch's forward-mode AD: values, and d/dweights of both."""
+    torch.manual_seed(0)
+    net = mlp(5, 12, 3, 4).double()
+    x = torch.randn(9, 5, dtype=torch.float64)
+    tangent = torch.randn(9, 5, dtype=torch.float64)
+    with fwAD.dual_level():
+        out, direction = fwAD.unpack_dual(net(fwAD.make_dual(x, tangent)))
+    mine, my_direction = mlp_with_tangent(net, x, tangent)
+    torch.testing.assert_close(mine, out, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(my_direction, direction, rtol=1e-13, atol=1e-13)
+    weights = list(net.parameters())
+    reference = torch.autograd.grad((direction.pow(2).sum() + out.sum()), weights)
+    gradients = torch.autograd.grad((my_direction.pow(2).sum() + mine.sum()), weights)
+    for g, r in zip(gradients, reference):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+
+
+def test_mlp_with_tangent_rejects_other_layers() -> None:
+    net = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    with pytest.raises(TypeError, match="ReLU.*forward_ad"):
+        mlp_with_tangent(net, torch.zeros(1, 2), torch.ones(1, 2))
