@@ -2,8 +2,9 @@ r"""The 1D Burgers task (2601.11795 section 5.3): an operator-style MLP for peri
 
 The network :math:`u_\theta(x, t, u_0)` (inputs: x, t and the initial condition on the 32 grid
 points, :math:`\mathbb{R}^{34}` -> 64 x 3 tanh -> u) is trained on many initial conditions
-:math:`u_0(x) = \sin(2\pi x + \xi\pi)` at once. With the PDE residual
-(input derivatives by nested ``torch.autograd.grad(create_graph=True)``)
+:math:`u_0(x) = \sin(2\pi x + \xi\pi)` at once. With the PDE residual (input derivatives by
+second-order Taylor propagation through the MLP's layers, :func:`taylor_derivatives`; nested
+``torch.autograd.grad(create_graph=True)``, :func:`burgers_derivatives`, as an option)
 
 .. math::
 
@@ -31,11 +32,11 @@ TensorBoard (``prediction``). The data live in :mod:`lit_constrained.tasks.burge
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lit_constrained.metrics.relative_l2 import RelativeL2Error
 from lit_constrained.module import ConstrainedModule
@@ -50,7 +51,7 @@ from lit_constrained.tasks.burgers_data import (
     method_of_lines,
 )
 from lit_constrained.callbacks.monitoring import small_figure
-from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
+from lit_constrained.tasks.common import DTypeName, mlp, mlp_taylor, torch_dtype
 
 __all__ = [
     "Burgers",
@@ -63,7 +64,10 @@ __all__ = [
     "cole_hopf_grid",
     "generate_burgers",
     "method_of_lines",
+    "taylor_derivatives",
 ]
+
+DerivativeMode = Literal["taylor", "autograd"]
 
 
 class Derivatives(NamedTuple):
@@ -75,14 +79,18 @@ class Derivatives(NamedTuple):
     u_xx: Tensor
 
 
+def _check_inputs(inputs: Tensor) -> None:
+    if inputs.dim() != 2 or inputs.shape[1] < 2:
+        raise ValueError(f"inputs must be (N, 2 + n_x) with columns [x, t, u0...], got {tuple(inputs.shape)}.")
+
+
 def burgers_derivatives(u_fn: Callable[[Tensor], Tensor], inputs: Tensor) -> Derivatives:
     """u, u_x, u_t, u_xx of ``u_fn`` at ``inputs`` (N, 2 + n_x) = [x, t, u0 on the grid].
 
     Nested ``torch.autograd.grad(create_graph=True)``, so the results stay differentiable with
-    respect to whatever ``u_fn`` depends on (the weights). ``u_fn`` must act row-wise.
+    respect to whatever ``u_fn`` depends on (the weights). ``u_fn`` is any row-wise callable.
     """
-    if inputs.dim() != 2 or inputs.shape[1] < 2:
-        raise ValueError(f"inputs must be (N, 2 + n_x) with columns [x, t, u0...], got {tuple(inputs.shape)}.")
+    _check_inputs(inputs)
     with torch.enable_grad():
         x = inputs[:, :1].detach().requires_grad_(True)
         t = inputs[:, 1:2].detach().requires_grad_(True)
@@ -90,6 +98,23 @@ def burgers_derivatives(u_fn: Callable[[Tensor], Tensor], inputs: Tensor) -> Der
         u_x, u_t = torch.autograd.grad(u, (x, t), grad_outputs=torch.ones_like(u), create_graph=True)
         (u_xx,) = torch.autograd.grad(u_x, x, grad_outputs=torch.ones_like(u_x), create_graph=True)
     return Derivatives(u, u_x.reshape(-1), u_t.reshape(-1), u_xx.reshape(-1))
+
+
+def taylor_derivatives(net: nn.Sequential, inputs: Tensor) -> Derivatives:
+    r"""u, u_x, u_t, u_xx of an :func:`~lit_constrained.tasks.common.mlp` (Linear and Tanh layers,
+    one output) at ``inputs`` (N, 2 + n_x) = [x, t, u0 on the grid], in one forward pass.
+
+    :func:`~lit_constrained.tasks.common.mlp_taylor` with the directions :math:`e_x` (column 0:
+    u_x and, to second order, u_xx) and :math:`e_t` (column 1: u_t), the same for every row. Same
+    values as :func:`burgers_derivatives`; a training step (objective forward and backward) costs
+    less. Needs no autograd for the input derivatives, so it also runs under ``torch.no_grad()``.
+    """
+    _check_inputs(inputs)
+    directions = inputs.new_zeros(2, 1, inputs.shape[1])
+    directions[0, 0, 0] = 1.0  # e_x
+    directions[1, 0, 1] = 1.0  # e_t
+    u, first, second = mlp_taylor(net, inputs, directions, n_second=1)
+    return Derivatives(u.reshape(-1), first[0].reshape(-1), first[1].reshape(-1), second[0].reshape(-1))
 
 
 def burgers_residual(d: Derivatives, nu: float) -> Tensor:
@@ -116,6 +141,9 @@ class Burgers(ConstrainedModule):
         residual_weight: weight of the mean squared PDE residual.
         boundary_weight: weight of the periodic-boundary plus initial-condition errors.
         data_weight: weight of the mean squared data error on the labelled rows.
+        derivative: how u_x, u_t, u_xx are computed: ``"taylor"`` (default: carried through the MLP's
+            layers by hand, :func:`taylor_derivatives`; a training step about 1.5x faster) or
+            ``"autograd"`` (nested ``torch.autograd.grad``, :func:`burgers_derivatives`; any ``net``).
         dtype: ``"float32"`` or ``"float64"`` for the network (batches are cast to it).
         **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
@@ -131,10 +159,13 @@ class Burgers(ConstrainedModule):
         residual_weight: float = 1e-3,
         boundary_weight: float = 1e-3,
         data_weight: float = 1.0,
+        derivative: DerivativeMode = "taylor",
         dtype: DTypeName = "float32",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if derivative not in ("taylor", "autograd"):
+            raise ValueError(f"derivative must be 'taylor' or 'autograd', got {derivative!r}.")
         if not nu > 0:
             raise ValueError(f"the viscosity nu must be positive, got {nu}.")
         if n_x < 2:
@@ -148,6 +179,7 @@ class Burgers(ConstrainedModule):
         self.residual_weight = float(residual_weight)
         self.boundary_weight = float(boundary_weight)
         self.data_weight = float(data_weight)
+        self.derivative: DerivativeMode = derivative
         self.net = mlp(2 + self.n_x, hidden, depth, 1)
         self.to(torch_dtype(dtype))
         self.val_rel_l2 = RelativeL2Error()
@@ -166,15 +198,20 @@ class Burgers(ConstrainedModule):
                 "use the same n_x for the task and BurgersData."
             )
 
+    def derivatives(self, inputs: Tensor) -> Derivatives:
+        """u, u_x, u_t, u_xx of the network at ``inputs`` (N, 2 + n_x), by the ``derivative`` mode."""
+        self._check_width(inputs)
+        if self.derivative == "autograd":
+            return burgers_derivatives(self.net, inputs)
+        return taylor_derivatives(self.net, inputs)
+
     def residual(self, inputs: Tensor) -> Tensor:
         """The PDE residual of the network at ``inputs`` (N, 2 + n_x); returns (N,)."""
-        self._check_width(inputs)
-        return burgers_residual(burgers_derivatives(self.net, inputs), self.nu)
+        return burgers_residual(self.derivatives(inputs), self.nu)
 
     def objective(self, batch: dict[str, Tensor]) -> Tensor:
         inputs, u = batch["inputs"], batch["u"]
-        self._check_width(inputs)
-        d = burgers_derivatives(self.net, inputs)
+        d = self.derivatives(inputs)
         residual = burgers_residual(d, self.nu).square().mean()
         error_sq = (d.u - u).square()
         initial = _masked_mean(error_sq, batch["it"] == 0)

@@ -20,6 +20,7 @@ from lit_constrained.tasks.burgers import (
     cole_hopf_grid,
     generate_burgers,
     method_of_lines,
+    taylor_derivatives,
 )
 from lit_constrained.tasks.burgers_data import grid, initial_condition
 from lit_constrained.batch import cast_floats
@@ -164,7 +165,7 @@ def test_objective_on_exact_and_shifted_solution() -> None:
     dm = BurgersData(cache_dir=None, **SMALL)
     dm.setup("fit")
     batch = full_batch(dm)
-    task = Burgers(dtype="float64")
+    task = Burgers(dtype="float64", derivative="autograd")  # a callable "network": nested autograd
     task.net = ExactSolution()
     assert task.objective(batch).item() < 1e-12
     assert task.constraints(batch).abs().max().item() < 1e-7
@@ -178,16 +179,17 @@ def test_objective_on_exact_and_shifted_solution() -> None:
     torch.testing.assert_close(task.objective(batch), expected, rtol=1e-6, atol=1e-12)
 
 
-def test_constraint_jacobian_matches_finite_differences() -> None:
+@pytest.mark.parametrize("derivative", ["taylor", "autograd"])
+def test_constraint_jacobian_matches_finite_differences(derivative: str) -> None:
     from lit_constrained.optim.jacobian import constraint_jacobian
 
     torch.manual_seed(0)
     dm = BurgersData(cache_dir=None, **SMALL)
     dm.setup("fit")
     batch = full_batch(dm)
-    task = Burgers(hidden=16, dtype="float64")
+    task = Burgers(hidden=16, derivative=derivative, dtype="float64")
     params = list(task.parameters())
-    jac = constraint_jacobian(task.constraints(batch), params)
+    jac = constraint_jacobian(task.constraints(batch), params, method="batched")  # vmap over the backward
     n = sum(p.numel() for p in params)
     assert jac.shape == (10, n)
     flat = torch.cat([p.detach().reshape(-1) for p in params])
@@ -206,7 +208,47 @@ def test_constraint_jacobian_matches_finite_differences() -> None:
     c_at(flat)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_taylor_derivatives_match_nested_autograd(dtype: str) -> None:
+    """The default derivative path (Taylor propagation through the MLP) against nested
+    torch.autograd.grad: u, u_x, u_t, u_xx, and the weight gradients of the objective and of the
+    constraints; without autograd (validation) as well."""
+    torch.manual_seed(0)
+    dm = BurgersData(cache_dir=None, **SMALL)
+    dm.setup("fit")
+    batch = cast_floats(full_batch(dm), getattr(torch, dtype))
+    taylor = Burgers(dtype=dtype)
+    with torch.no_grad():  # larger weights than at initialization: u_x, u_xx of order 0.1 to 1
+        for p in taylor.parameters():
+            p.mul_(3.0)
+    nested = Burgers(dtype=dtype, derivative="autograd")
+    nested.load_state_dict(taylor.state_dict())
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == "float64" else dict(rtol=1e-4, atol=1e-5)
+    mine, reference = taylor.derivatives(batch["inputs"]), burgers_derivatives(nested.net, batch["inputs"])
+    assert mine.u_xx.abs().max() > 0.1
+    for name in ("u", "u_x", "u_t", "u_xx"):
+        torch.testing.assert_close(getattr(mine, name), getattr(reference, name), **tol)
+    for value in ("objective", "constraints"):
+        for a, b in zip(torch.autograd.grad(getattr(taylor, value)(batch).sum(), list(taylor.parameters())),
+                        torch.autograd.grad(getattr(nested, value)(batch).sum(), list(nested.parameters()))):
+            assert a.dtype == getattr(torch, dtype)
+            torch.testing.assert_close(a, b, **tol)
+    with torch.no_grad():
+        torch.testing.assert_close(taylor.validation_constraints(batch), nested.validation_constraints(batch), **tol)
+
+
+def test_taylor_path_needs_an_mlp() -> None:
+    task = Burgers(dtype="float64")
+    task.net = ExactSolution()
+    with pytest.raises(TypeError, match="derivative"):
+        task.residual(random_inputs(3))
+    with pytest.raises(TypeError, match="ReLU"):
+        taylor_derivatives(nn.Sequential(nn.Linear(34, 4), nn.ReLU(), nn.Linear(4, 1)).double(), random_inputs(3))
+
+
 def test_width_mismatch_and_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="derivative"):
+        Burgers(derivative="forward")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="viscosity"):
         Burgers(nu=0.0)
     with pytest.raises(ValueError, match="residual_weight"):
