@@ -10,8 +10,10 @@ Two strategies:
 * :func:`constraint_jacobian`: any 1-D ``constraints`` tensor attached to the graph (one batched
   ``torch.autograd.grad``, or one backward per row);
 * :func:`per_sample_jacobian`: constraints that each depend on ONE sample of a batch (a residual at a
-  node of one sample), differentiated per sample with ``torch.func`` (``jacrev`` ``vmap``-ed over the
-  samples, grouped by :func:`constraint_units`).
+  node of one sample), differentiated per sample: a ``vmap``-ed forward pass with one copy of the
+  parameters per unit of samples (grouped by :func:`constraint_units`; :func:`unit_residuals`),
+  then one reverse pass (:func:`copies_jacobian`). A task can return the c of that forward pass as
+  its constraints and then get J from the reverse pass alone.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
-from torch.func import jacrev, vmap
+from torch.func import vmap
 
 from .flat import real_view
 
@@ -174,6 +176,86 @@ def constraint_units(sample: Tensor, node: Tensor, mode: GroupingMode = "auto") 
     return distinct, table, inverse, slot
 
 
+def _parameter_names(module: nn.Module, params: Sequence[Tensor]) -> list[str]:
+    """The names of ``params`` in ``module`` (a clear error for one that is not the module's)."""
+    names = {id(p): name for name, p in module.named_parameters()}
+    missing = [i for i, p in enumerate(params) if id(p) not in names]
+    if missing:
+        raise ValueError(
+            f"params {missing} are not parameters of {type(module).__name__}; the per-sample Jacobian "
+            "needs the module's own parameters (or set vmap_jacobian=False)."
+        )
+    return [names[id(p)] for p in params]
+
+
+def unit_residuals(
+    module: nn.Module,
+    params: Sequence[Tensor],
+    sample_residuals: Callable[..., Tensor],
+    sample_inputs: Sequence[Tensor],
+    owner: Tensor,
+    table: Tensor,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    r"""The residuals of every unit, each unit evaluated with its OWN copy of ``params``.
+
+    Unit u evaluates ``sample_residuals(theta_u, *inputs[owner[u]])`` at the nodes ``table[u]``
+    (:func:`constraint_units`), all units in one ``vmap``-ed pass; ``theta_u`` are broadcast views
+    ``real_view(p).expand(units, ...)`` of the parameters (no memory; complex parameters as their real
+    view). Returns ``(values, copies)``: ``values[u, s]`` (shape ``(units, width)``) is attached to the
+    parameters through the copies (a later backward reaches them), and since unit u's values depend on
+    copy u only, :func:`copies_jacobian` gets every unit's Jacobian rows in one reverse pass.
+    Parameters of ``module`` not in ``params`` are used at their current values.
+    """
+    params = list(params)
+    keys = _parameter_names(module, params)
+    is_complex = [p.is_complex() for p in params]
+    units = table.shape[0]
+    copies = tuple(real_view(p).expand(units, *real_view(p).shape) for p in params)
+
+    def residuals_at(real_params: tuple[Tensor, ...], nodes: Tensor, *inputs: Tensor) -> Tensor:
+        values = {
+            key: torch.view_as_complex(r) if cplx else r
+            for key, r, cplx in zip(keys, real_params, is_complex)
+        }
+        return sample_residuals(values, *inputs)[nodes]
+
+    with torch.enable_grad():
+        values = vmap(residuals_at)(copies, table, *[t[owner] for t in sample_inputs])
+    return values, copies
+
+
+def copies_jacobian(constraints: Tensor, copies: Sequence[Tensor], unit: Tensor | None = None,
+                    slot: Tensor | None = None, width: int = 1) -> Tensor:
+    r"""J (m, n) of constraints that each depend on ONE copy of the parameters (:func:`unit_residuals`).
+
+    :math:`c_i` is slot ``slot[i]`` of unit ``unit[i]`` and depends on the copies
+    :math:`\theta_{\mathrm{unit}[i]}` only, so with :math:`S_s = \{i : \mathrm{slot}[i] = s\}`
+
+    .. math::
+        \frac{\partial}{\partial \theta_u} \sum_{i \in S_s} c_i = \frac{\partial c_{i(u, s)}}{\partial \theta}
+
+    (the row of the constraint in slot s of unit u): one reverse pass per slot gives all units' rows,
+    the ``width`` passes batched with ``is_grads_batched``. ``unit`` / ``slot`` ``None``: one unit per
+    constraint, in order (``unit = arange(m)``, ``slot = 0``, ``width = 1``). Columns in the order
+    of ``copies`` (each flattened; a copy the constraints do not use gives zero columns). The graph of
+    ``constraints`` is retained (the objective's backward, or a penalty on c, can follow).
+    """
+    if not constraints.requires_grad:
+        raise ValueError("constraints do not require grad: evaluate them with autograd enabled (unit_residuals).")
+    units = copies[0].shape[0] if copies else 0
+    kwargs = dict(retain_graph=True, allow_unused=True)
+    if width == 1:
+        grads = torch.autograd.grad(constraints.sum(), copies, **kwargs)
+    else:  # slot s of every unit at once: a batch of one-hot cotangents, (width, m)
+        slots = (slot == torch.arange(width, device=slot.device)[:, None]).to(constraints.dtype)
+        grads = torch.autograd.grad(constraints, copies, grad_outputs=slots, is_grads_batched=True, **kwargs)
+    flat = torch.cat([
+        constraints.new_zeros(width, units, c[0].numel()) if g is None else g.reshape(width, units, -1)
+        for g, c in zip(grads, copies)
+    ], dim=2)
+    return flat[0] if unit is None else flat[slot, unit]
+
+
 def per_sample_jacobian(
     module: nn.Module,
     params: Sequence[Tensor],
@@ -187,46 +269,29 @@ def per_sample_jacobian(
 
     ``sample_residuals(param_dict, *per_sample_inputs)`` evaluates ``module`` functionally on ONE
     sample (``functional_call``) and returns a 1-D tensor of that sample's residuals. Constraint i
-    depends only on its own sample, so J is assembled per sample: ``jacrev`` of a sample's residuals,
-    ``vmap``-ed over the samples (grouped as :func:`constraint_units` says). That is one backward
-    pass per row through ONE sample's graph, instead of m backward passes through the graph of the
-    whole constraint batch (the general autograd Jacobian).
+    depends only on its own sample, so J is assembled per sample, the samples grouped into units as
+    :func:`constraint_units` says: the residuals of all units in ONE ``vmap``-ed forward pass, every
+    unit with its own copy of the parameters (:func:`unit_residuals`), then one reverse pass per slot
+    of a unit (:func:`copies_jacobian`). That is the cost of one batched forward and backward pass
+    over the units' samples, instead of m backward passes through the graph of the whole constraint
+    batch (the general autograd Jacobian).
 
     Returns ``(m, n)`` in the flat layout of ``params`` (in the given order; complex parameters as
     ``view_as_real``: the derivative w.r.t. the real part, then the imaginary part, per entry). The
     differentiation variable IS the real view, so no conjugation convention enters.
     Parameters of ``module`` not in ``params`` are held at their current values.
     """
-    names = {id(p): name for name, p in module.named_parameters()}
     params = list(params)
-    missing = [i for i, p in enumerate(params) if id(p) not in names]
-    if missing:
-        raise ValueError(
-            f"params {missing} are not parameters of {type(module).__name__}; the per-sample Jacobian "
-            "needs the module's own parameters (or set vmap_jacobian=False)."
-        )
-    keys = [names[id(p)] for p in params]
-    is_complex = [p.is_complex() for p in params]
-    real = tuple(real_view(p).detach() for p in params)
-    n = sum(r.numel() for r in real)
     m = sample.numel()
     if m == 0:
-        return torch.zeros(0, n, dtype=real[0].dtype if real else torch.get_default_dtype(), device=sample.device)
+        _parameter_names(module, params)
+        n = sum(real_view(p).numel() for p in params)
+        dtype = real_view(params[0]).dtype if params else torch.get_default_dtype()
+        return torch.zeros(0, n, dtype=dtype, device=sample.device)
     if mode == "auto" and sample.device.type != "cpu":
         mode = "rows"  # the cost model reads counts on the host: on an accelerator, no host sync instead
     owner, table, unit, slot = constraint_units(sample, node, mode)
-
-    def residuals_at(real_params: tuple[Tensor, ...], nodes: Tensor, *inputs: Tensor) -> Tensor:
-        values = {
-            key: torch.view_as_complex(r) if cplx else r
-            for key, r, cplx in zip(keys, real_params, is_complex)
-        }
-        return sample_residuals(values, *inputs)[nodes]
-
-    in_dims = (None, 0) + (0,) * len(sample_inputs)
-    inputs = [t[owner] for t in sample_inputs]
-    jac = vmap(jacrev(residuals_at), in_dims=in_dims)(real, table, *inputs)
-    flat = torch.cat([j.reshape(table.shape[0], table.shape[1], -1) for j in jac], dim=2)
+    values, copies = unit_residuals(module, params, sample_residuals, sample_inputs, owner, table)
     if mode == "rows" or (table.shape == (m, 1) and torch.equal(unit, torch.arange(m, device=unit.device))):
-        return flat[:, 0]  # one unit per constraint, in order: no gather needed
-    return flat[unit, slot]
+        return copies_jacobian(values[:, 0], copies)  # one unit per constraint, in order
+    return copies_jacobian(values[unit, slot], copies, unit, slot, table.shape[1])
