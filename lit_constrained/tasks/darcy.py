@@ -249,6 +249,13 @@ class Darcy(ConstrainedModule):
             self._vmap_failed(error)
             return super().constraint_jacobian(batch, constraints, params, rows=rows)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The module without the remembered constraint graph (a weak reference and non-leaf tensors:
+        neither pickles nor deep-copies)."""
+        state = self.__dict__.copy()
+        state["_fused"] = None
+        return state
+
     def _vmap_failed(self, error: RuntimeError) -> None:
         """Switch to the general autograd Jacobian for good, with a warning."""
         warnings.warn(

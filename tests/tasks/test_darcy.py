@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 from functools import partial
 from pathlib import Path
 
@@ -300,6 +302,11 @@ def test_constraints_from_the_jacobians_forward_pass_give_the_same_c_and_J() -> 
                         params, torch.float64)
     plain_grad = gather(torch.autograd.grad(plain.pow(2).sum(), params, allow_unused=True), params, torch.float64)
     torch.testing.assert_close(fused_grad, plain_grad, rtol=1e-10, atol=1e-12)
+    # the remembered graph does not travel with the module (deepcopy, pickle)
+    assert task._fused is not None
+    twin = pickle.loads(pickle.dumps(copy.deepcopy(task)))
+    assert twin._fused is None
+    torch.testing.assert_close(twin.constraints(batch), plain, rtol=1e-12, atol=1e-12)
 
 
 def test_jacobian_matches_central_differences_on_real_and_imaginary_parts() -> None:
