@@ -28,8 +28,11 @@ parameters (one unit per constraint or per distinct sample, whichever is cheaper
 pass, through the network of :func:`~lit_constrained.tasks.fno.build_fno`: a ``vmap``-safe spectral
 convolution (:class:`~lit_constrained.tasks.spectral.VmapSpectralConv`) and 1x1 convolutions written
 as contractions (:class:`~lit_constrained.tasks.spectral.PointwiseConv1d`). Once the optimizer has
-asked for a whole J, :meth:`Darcy.constraints` evaluates c in that forward pass (one unit per
-constraint), so J costs only the reverse pass (no second forward pass over the constraint samples).
+asked for a whole J, :meth:`Darcy.constraints` evaluates c as that forward pass would (one parameter
+copy per constraint), but without ``vmap`` (:func:`~lit_constrained.tasks.fno.fno_per_sample`: the
+network's operations on batched weights), and J is then its reverse pass alone
+(:func:`~lit_constrained.optim.jacobian.copies_jacobian`): one forward pass over the constraint
+samples instead of two.
 The general autograd helper (:func:`lit_constrained.optim.jacobian.constraint_jacobian`, the base
 class's default) remains available (``vmap_jacobian=False``, then the base's ``jacobian_method``)
 and is the fallback.
@@ -50,10 +53,11 @@ from lit_constrained.batch import cast_floats
 from lit_constrained.callbacks.monitoring import small_figure
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
-from lit_constrained.optim.jacobian import GroupingMode, copies_jacobian, per_sample_jacobian, unit_residuals
+from lit_constrained.optim.flat import real_view
+from lit_constrained.optim.jacobian import GroupingMode, copies_jacobian, per_sample_jacobian
 from lit_constrained.tasks.common import DTypeName, torch_dtype
 from lit_constrained.tasks.darcy_data import DarcyData, boundary_mask
-from lit_constrained.tasks.fno import build_fno, cast_module_
+from lit_constrained.tasks.fno import build_fno, cast_module_, fno_per_sample
 
 __all__ = ["Darcy", "DarcyData", "darcy_residual"]
 
@@ -150,7 +154,8 @@ class Darcy(ConstrainedModule):
         if jacobian_grouping not in ("auto", "rows", "samples"):
             raise ValueError(f"jacobian_grouping must be 'auto', 'rows' or 'samples', got {jacobian_grouping!r}.")
         self.jacobian_grouping = jacobian_grouping
-        self._fuse_jacobian = False  # set by the first request for a whole J (see constraints())
+        # True from the first request for a whole J on (see constraints()); None: the network cannot
+        self._fuse_jacobian: bool | None = False
         self._fused: tuple[weakref.ref[Tensor], dict[int, Tensor]] | None = None
         self.scale_from_data = output_scale is None
         self.register_buffer("output_scale", torch.tensor(1.0 if output_scale is None else float(output_scale),
@@ -189,8 +194,8 @@ class Darcy(ConstrainedModule):
 
     def constraints(self, batch: dict[str, Tensor]) -> Tensor | None:
         """The residuals at the m (sample, node) pairs. Once the optimizer has asked for a whole
-        Jacobian (:meth:`constraint_jacobian`), they come from the Jacobian's own forward pass (one
-        parameter copy per constraint), so that J then costs only its reverse pass."""
+        Jacobian (:meth:`constraint_jacobian`), each is evaluated with its own copy of the parameters
+        (:meth:`_fused_constraints`), so that J then costs only a reverse pass."""
         self._fused = None
         if "con_node" not in batch or batch["con_node"].numel() == 0:
             return None
@@ -198,19 +203,31 @@ class Darcy(ConstrainedModule):
         if self.vmap_jacobian and self._fuse_jacobian:
             try:
                 return self._fused_constraints(b)
-            except RuntimeError as error:
-                self._vmap_failed(error)
+            except ValueError as error:  # a network fno_per_sample does not implement: c and J separately
+                warnings.warn(f"{error} The constraint Jacobian makes its own forward pass (slower).",
+                              RuntimeWarning, stacklevel=2)
+                self._fuse_jacobian = None
         residual = darcy_residual(self(b["con_x"]), b["con_nu"])
         return residual.flatten(1)[b["con_sample"], b["con_node"]]
 
     def _fused_constraints(self, b: dict[str, Tensor]) -> Tensor:
-        """c from :func:`~lit_constrained.optim.jacobian.unit_residuals` (a unit per constraint),
-        remembered with its parameter copies for :meth:`constraint_jacobian`."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        values, copies = unit_residuals(self, params, self._sample_residuals, (b["con_x"], b["con_nu"]),
-                                        b["con_sample"], b["con_node"][:, None])
-        c = values[:, 0]
-        self._fused = (weakref.ref(c), {id(p): copy for p, copy in zip(params, copies)})
+        """c by :func:`~lit_constrained.tasks.fno.fno_per_sample`, constraint i on its sample with
+        its own copy of the parameters (broadcast views), remembered with the copies for
+        :meth:`constraint_jacobian`."""
+        m = b["con_node"].numel()
+        copies: dict[int, Tensor] = {}
+        values: dict[str, Tensor] = {}
+        for name, p in self.net.named_parameters():
+            real = real_view(p) if p.requires_grad else real_view(p).detach()
+            copy = real.expand(m, *real.shape)
+            if p.requires_grad:
+                copies[id(p)] = copy
+            values[name] = torch.view_as_complex(copy) if p.is_complex() else copy
+        sample = b["con_sample"]
+        out = fno_per_sample(self.net, values, b["con_x"][sample])
+        u = out[:, 0] * self.output_scale.to(out.dtype)
+        c = darcy_residual(u, b["con_nu"][sample]).flatten(1)[torch.arange(m, device=sample.device), b["con_node"]]
+        self._fused = (weakref.ref(c), copies)
         return c
 
     def validation_constraints(self, batch: dict[str, Tensor]) -> Tensor | None:
@@ -227,13 +244,14 @@ class Darcy(ConstrainedModule):
         pass of :func:`~lit_constrained.optim.jacobian.copies_jacobian` only. Otherwise the per-sample
         Jacobian (see module docstring) over the constraints of those rows only (sliced by constraint,
         not by sample: a rank's rows may touch any of the samples); a request for all rows makes the
-        following :meth:`constraints` calls evaluate c in the Jacobian's forward pass."""
+        following :meth:`constraints` calls evaluate c with a parameter copy per constraint."""
         if not self.vmap_jacobian:
             return super().constraint_jacobian(batch, constraints, params, rows=rows)
         fused, self._fused = self._fused, None
         m = constraints.numel()
         whole = rows is None or range(*rows.indices(m)) == range(m)
-        self._fuse_jacobian = self._fuse_jacobian or whole
+        if whole and self._fuse_jacobian is False:
+            self._fuse_jacobian = True
         if whole and fused is not None and fused[0]() is constraints and constraints.requires_grad:
             copies = [fused[1].get(id(p)) for p in params]
             if all(copy is not None for copy in copies):

@@ -309,6 +309,23 @@ def test_constraints_from_the_jacobians_forward_pass_give_the_same_c_and_J() -> 
     torch.testing.assert_close(twin.constraints(batch), plain, rtol=1e-12, atol=1e-12)
 
 
+def test_a_network_fno_per_sample_cannot_evaluate_keeps_c_and_J_separate() -> None:
+    """More Fourier modes than a coarse grid holds: a warning, then c by the batched network and J by
+    its own forward pass, both still right."""
+    dm = DarcyData(**{**SMALL_DATA, "grid": 8})
+    task = small_task("float64", n_modes=(16, 16))
+    batch = train_batch(dm)
+    params = list(task.parameters())
+    task.constraint_jacobian(batch, task.constraints(batch), params)
+    with pytest.warns(RuntimeWarning, match="exceed the grid"):
+        c = task.constraints(batch)
+    assert task._fused is None and task._fuse_jacobian is None
+    torch.testing.assert_close(task.constraint_jacobian(batch, c, params), autograd_rows(c, params),
+                               rtol=1e-10, atol=1e-12)
+    task.constraint_jacobian(batch, task.constraints(batch), params)  # no second warning: no error
+    assert task._fuse_jacobian is None
+
+
 def test_jacobian_matches_central_differences_on_real_and_imaginary_parts() -> None:
     dm = DarcyData(**SMALL_DATA)
     task = small_task("float64")
