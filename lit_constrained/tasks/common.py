@@ -71,10 +71,10 @@ class _TanhTaylor(torch.autograd.Function):
                  + (4 - 6 \sigma) \sum_j \dot z_j^2 \ddot g_j\Big).
 
     The state may be broadcast against the streams (streams of shape (K + n, 1, H): the same input
-    directions for every row); their gradient is summed back to that shape.
+    directions for every row); their gradient is summed back to that shape. The backward accumulates
+    in place, which autograd's batched backward (``is_grads_batched``, the constraint Jacobian)
+    supports and ``torch.func`` transforms (``vmap``, ``jacrev``) do not: they are not enabled.
     """
-
-    generate_vmap_rule = True
 
     @staticmethod
     def forward(z: Tensor, streams: Tensor, n_second: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
