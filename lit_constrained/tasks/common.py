@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 DTypeName = Literal["float32", "float64"]
 
@@ -70,10 +71,11 @@ class _TanhTaylor(torch.autograd.Function):
         \bar z = \sigma \Big(g_s - 2 s \big(\textstyle\sum_k \dot z_k \dot g_k + \sum_j \ddot z_j \ddot g_j\big)
                  + (4 - 6 \sigma) \sum_j \dot z_j^2 \ddot g_j\Big).
 
-    The state may be broadcast against the streams (streams of shape (K + n, 1, H): the same input
-    directions for every row); their gradient is summed back to that shape. The backward accumulates
-    in place, which autograd's batched backward (``is_grads_batched``, the constraint Jacobian)
-    supports and ``torch.func`` transforms (``vmap``, ``jacrev``) do not: they are not enabled.
+    The streams may be broadcast against the state (shape (K + n, 1, H): the same input directions
+    for every row); their gradient is summed back to that shape. The backward accumulates in place,
+    which autograd's batched backward (``is_grads_batched``, the constraint Jacobian) supports and
+    ``torch.func`` transforms (``vmap``, ``jacrev``) do not: they are not enabled. It is
+    differentiable once only (no Hessians through it; ``once_differentiable``).
     """
 
     @staticmethod
@@ -96,6 +98,7 @@ class _TanhTaylor(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # an unused output (u, or the streams) costs no zero tensor
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, g_s: Tensor | None, g_out: Tensor | None, *_: Any) -> tuple[Tensor | None, ...]:
         s, slope, curvature, streams = ctx.saved_tensors
         n = ctx.n_second
