@@ -12,8 +12,7 @@ Two strategies:
 * :func:`per_sample_jacobian`: constraints that each depend on ONE sample of a batch (a residual at a
   node of one sample), differentiated per sample: a ``vmap``-ed forward pass with one copy of the
   parameters per unit of samples (grouped by :func:`constraint_units`; :func:`unit_residuals`),
-  then one reverse pass (:func:`copies_jacobian`). A task can return the c of that forward pass as
-  its constraints and then get J from the reverse pass alone.
+  then one reverse pass (:func:`copies_jacobian`).
 """
 
 from __future__ import annotations

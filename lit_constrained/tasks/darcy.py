@@ -22,17 +22,12 @@ units of the output scale s, like the network's output), and the hard constraint
 
 The constraint Jacobian (m x n; n = 18 733 at the paper's size, complex spectral weights entering as
 ``view_as_real``) is the cost of a step. :meth:`Darcy.constraint_jacobian` computes it per sample
-(residual i depends on one sample only; :func:`lit_constrained.optim.jacobian.per_sample_jacobian`):
-one ``vmap``-ed forward pass over the samples the constraints touch, each with its own copy of the
-parameters (one unit per constraint or per distinct sample, whichever is cheaper), then one reverse
-pass, through the network of :func:`~lit_constrained.tasks.fno.build_fno`: a ``vmap``-safe spectral
-convolution (:class:`~lit_constrained.tasks.spectral.VmapSpectralConv`) and 1x1 convolutions written
-as contractions (:class:`~lit_constrained.tasks.spectral.PointwiseConv1d`). Once the optimizer has
-asked for a whole J, :meth:`Darcy.constraints` evaluates c as that forward pass would (one parameter
-copy per constraint), but without ``vmap`` (:func:`~lit_constrained.tasks.fno.fno_per_sample`: the
-network's operations on batched weights), and J is then its reverse pass alone
-(:func:`~lit_constrained.optim.jacobian.copies_jacobian`): one forward pass over the constraint
-samples instead of two.
+(residual i depends on one sample only;
+:func:`lit_constrained.optim.jacobian.per_sample_jacobian`): one ``vmap``-ed forward pass over the
+samples the constraints touch, each with its own broadcast copy of the parameters (one unit per
+constraint or per distinct sample, whichever is cheaper), then one reverse pass, through the network of :func:`~lit_constrained.tasks.fno.build_fno`:
+a ``vmap``-safe spectral convolution (:class:`~lit_constrained.tasks.spectral.VmapSpectralConv`) and
+1x1 convolutions written as contractions (:class:`~lit_constrained.tasks.spectral.PointwiseConv1d`).
 The general autograd helper (:func:`lit_constrained.optim.jacobian.constraint_jacobian`, the base
 class's default) remains available (``vmap_jacobian=False``, then the base's ``jacobian_method``)
 and is the fallback.
@@ -41,7 +36,6 @@ and is the fallback.
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,11 +47,10 @@ from lit_constrained.batch import cast_floats
 from lit_constrained.callbacks.monitoring import small_figure
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
-from lit_constrained.optim.flat import real_view
-from lit_constrained.optim.jacobian import GroupingMode, copies_jacobian, per_sample_jacobian
+from lit_constrained.optim.jacobian import GroupingMode, per_sample_jacobian
 from lit_constrained.tasks.common import DTypeName, torch_dtype
 from lit_constrained.tasks.darcy_data import DarcyData, boundary_mask
-from lit_constrained.tasks.fno import build_fno, cast_module_, fno_per_sample
+from lit_constrained.tasks.fno import build_fno, cast_module_
 
 __all__ = ["Darcy", "DarcyData", "darcy_residual"]
 
@@ -113,8 +106,7 @@ class Darcy(ConstrainedModule):
             general autograd Jacobian (``jacobian_method``: ``"auto"``, ``"batched"`` or ``"loop"``).
         jacobian_grouping: how the per-sample Jacobian batches the constraints (one unit per
             constraint, ``"rows"``, or per distinct sample, ``"samples"``; ``"auto"``: the cheaper; see
-            :func:`~lit_constrained.optim.jacobian.constraint_units`) when it makes its own forward
-            pass (the first step, a rank's rows); c evaluated in that pass uses one per constraint.
+            :func:`~lit_constrained.optim.jacobian.constraint_units`).
         dtype: ``"float32"`` or ``"float64"`` (spectral weights become complex64 / complex128).
         **kwargs: :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
@@ -154,9 +146,6 @@ class Darcy(ConstrainedModule):
         if jacobian_grouping not in ("auto", "rows", "samples"):
             raise ValueError(f"jacobian_grouping must be 'auto', 'rows' or 'samples', got {jacobian_grouping!r}.")
         self.jacobian_grouping = jacobian_grouping
-        # True from the first request for a whole J on (see constraints()); None: the network cannot
-        self._fuse_jacobian: bool | None = False
-        self._fused: tuple[weakref.ref[Tensor], dict[int, Tensor]] | None = None
         self.scale_from_data = output_scale is None
         self.register_buffer("output_scale", torch.tensor(1.0 if output_scale is None else float(output_scale),
                                                           dtype=torch.float64))
@@ -193,42 +182,11 @@ class Darcy(ConstrainedModule):
         )
 
     def constraints(self, batch: dict[str, Tensor]) -> Tensor | None:
-        """The residuals at the m (sample, node) pairs. Once the optimizer has asked for a whole
-        Jacobian (:meth:`constraint_jacobian`), each is evaluated with its own copy of the parameters
-        (:meth:`_fused_constraints`), so that J then costs only a reverse pass."""
-        self._fused = None
         if "con_node" not in batch or batch["con_node"].numel() == 0:
             return None
         b = self._batch(batch)
-        if self.vmap_jacobian and self._fuse_jacobian:
-            try:
-                return self._fused_constraints(b)
-            except ValueError as error:  # a network fno_per_sample does not implement: c and J separately
-                warnings.warn(f"{error} The constraint Jacobian makes its own forward pass (slower).",
-                              RuntimeWarning, stacklevel=2)
-                self._fuse_jacobian = None
         residual = darcy_residual(self(b["con_x"]), b["con_nu"])
         return residual.flatten(1)[b["con_sample"], b["con_node"]]
-
-    def _fused_constraints(self, b: dict[str, Tensor]) -> Tensor:
-        """c by :func:`~lit_constrained.tasks.fno.fno_per_sample`, constraint i on its sample with
-        its own copy of the parameters (broadcast views), remembered with the copies for
-        :meth:`constraint_jacobian`."""
-        m = b["con_node"].numel()
-        copies: dict[int, Tensor] = {}
-        values: dict[str, Tensor] = {}
-        for name, p in self.net.named_parameters():
-            real = real_view(p) if p.requires_grad else real_view(p).detach()
-            copy = real.expand(m, *real.shape)
-            if p.requires_grad:
-                copies[id(p)] = copy
-            values[name] = torch.view_as_complex(copy) if p.is_complex() else copy
-        sample = b["con_sample"]
-        out = fno_per_sample(self.net, values, b["con_x"][sample])
-        u = out[:, 0] * self.output_scale.to(out.dtype)
-        c = darcy_residual(u, b["con_nu"][sample]).flatten(1)[torch.arange(m, device=sample.device), b["con_node"]]
-        self._fused = (weakref.ref(c), copies)
-        return c
 
     def validation_constraints(self, batch: dict[str, Tensor]) -> Tensor | None:
         """The residual at every interior node of the held-out samples."""
@@ -238,24 +196,11 @@ class Darcy(ConstrainedModule):
     def constraint_jacobian(
         self, batch: dict[str, Tensor], constraints: Tensor, params: Sequence[Tensor], rows: slice | None = None
     ) -> Tensor:
-        """J (m, n) w.r.t. ``params`` in their order, or its rows ``rows`` (a rank's share under DDP).
-
-        ``constraints`` from this step's :meth:`constraints` with their parameter copies: the reverse
-        pass of :func:`~lit_constrained.optim.jacobian.copies_jacobian` only. Otherwise the per-sample
-        Jacobian (see module docstring) over the constraints of those rows only (sliced by constraint,
-        not by sample: a rank's rows may touch any of the samples); a request for all rows makes the
-        following :meth:`constraints` calls evaluate c with a parameter copy per constraint."""
+        """J (m, n) w.r.t. ``params`` in their order, or its rows ``rows`` (a rank's share under DDP):
+        per-sample ``vmap`` (see module docstring) over the constraints of those rows only (sliced by
+        constraint, not by sample: a rank's rows may touch any of the samples)."""
         if not self.vmap_jacobian:
             return super().constraint_jacobian(batch, constraints, params, rows=rows)
-        fused, self._fused = self._fused, None
-        m = constraints.numel()
-        whole = rows is None or range(*rows.indices(m)) == range(m)
-        if whole and self._fuse_jacobian is False:
-            self._fuse_jacobian = True
-        if whole and fused is not None and fused[0]() is constraints and constraints.requires_grad:
-            copies = [fused[1].get(id(p)) for p in params]
-            if all(copy is not None for copy in copies):
-                return copies_jacobian(constraints, copies)
         b = self._batch(batch)
         selected = slice(None) if rows is None else rows
         try:
@@ -264,25 +209,14 @@ class Darcy(ConstrainedModule):
                 b["con_node"][selected], self.jacobian_grouping,
             ).to(constraints.dtype)
         except RuntimeError as error:  # an operation without a batching rule: fall back, loudly
-            self._vmap_failed(error)
+            warnings.warn(
+                f"Per-sample vmap Jacobian failed ({str(error).splitlines()[0][:120]}); "
+                "using the autograd Jacobian (slower).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self.vmap_jacobian = False
             return super().constraint_jacobian(batch, constraints, params, rows=rows)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """The module without the remembered constraint graph (a weak reference and non-leaf tensors:
-        neither pickles nor deep-copies)."""
-        state = self.__dict__.copy()
-        state["_fused"] = None
-        return state
-
-    def _vmap_failed(self, error: RuntimeError) -> None:
-        """Switch to the general autograd Jacobian for good, with a warning."""
-        warnings.warn(
-            f"Per-sample vmap Jacobian failed ({str(error).splitlines()[0][:120]}); "
-            "using the autograd Jacobian (slower).",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        self.vmap_jacobian = False
 
     def _sample_residuals(self, params: dict[str, Tensor], x: Tensor, nu: Tensor) -> Tensor:
         u = functional_call(self, params, (x[None],))[0]

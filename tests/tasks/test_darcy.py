@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import pickle
 from functools import partial
 from pathlib import Path
 
@@ -258,72 +256,6 @@ def test_vmap_jacobian_equals_the_general_autograd_jacobian(mode: str) -> None:
     reordered = params[::-1]
     blocks = torch.split(fast, [real_view(p).numel() for p in params], dim=1)
     torch.testing.assert_close(task.constraint_jacobian(batch, c, reordered), torch.cat(blocks[::-1], dim=1))
-
-
-def autograd_rows(c: Tensor, params: list[nn.Parameter]) -> Tensor:
-    """J row by row: one torch.autograd.grad call per constraint (complex gradients as real views)."""
-    return torch.stack([
-        gather(torch.autograd.grad(c[i], params, retain_graph=True, allow_unused=True), params, c.dtype)
-        for i in range(c.numel())
-    ])
-
-
-def test_constraints_from_the_jacobians_forward_pass_give_the_same_c_and_J() -> None:
-    """Once a whole J was asked for, c comes from the Jacobian's forward pass (a parameter copy per
-    constraint) and J from its reverse pass alone: the same c as the batched network, the same J as
-    separate autograd.grad calls per row, and a graph that reaches the parameters (a penalty on c)."""
-    dm = DarcyData(**SMALL_DATA)
-    task = small_task("float64")
-    batch = train_batch(dm)
-    params = list(task.parameters())
-    plain = task.constraints(batch)
-    assert task._fused is None  # no J asked for yet: the batched forward pass
-    expected = autograd_rows(plain, params)
-    torch.testing.assert_close(task.constraint_jacobian(batch, plain, params), expected, rtol=1e-10, atol=1e-12)
-
-    c = task.constraints(batch)
-    assert task._fused is not None
-    torch.testing.assert_close(c, plain, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(task.constraint_jacobian(batch, c, params), expected, rtol=1e-10, atol=1e-12)
-    # another parameter order: the column blocks in that order
-    blocks = torch.split(expected, [real_view(p).numel() for p in params], dim=1)
-    c = task.constraints(batch)
-    torch.testing.assert_close(task.constraint_jacobian(batch, c, params[::-1]), torch.cat(blocks[::-1], dim=1),
-                               rtol=1e-10, atol=1e-12)
-    # a rank's rows, and a c that is not the latest evaluation: the per-sample Jacobian of those rows
-    c = task.constraints(batch)
-    torch.testing.assert_close(task.constraint_jacobian(batch, c, params, rows=slice(2, 5)), expected[2:5],
-                               rtol=1e-10, atol=1e-12)
-    stale = task.constraints(batch)
-    task.constraints(batch)
-    torch.testing.assert_close(task.constraint_jacobian(batch, stale, params), expected, rtol=1e-10, atol=1e-12)
-    # the gradient of a penalty on c reaches the parameters as through the batched network
-    fused_grad = gather(torch.autograd.grad(task.constraints(batch).pow(2).sum(), params, allow_unused=True),
-                        params, torch.float64)
-    plain_grad = gather(torch.autograd.grad(plain.pow(2).sum(), params, allow_unused=True), params, torch.float64)
-    torch.testing.assert_close(fused_grad, plain_grad, rtol=1e-10, atol=1e-12)
-    # the remembered graph does not travel with the module (deepcopy, pickle)
-    assert task._fused is not None
-    twin = pickle.loads(pickle.dumps(copy.deepcopy(task)))
-    assert twin._fused is None
-    torch.testing.assert_close(twin.constraints(batch), plain, rtol=1e-12, atol=1e-12)
-
-
-def test_a_network_fno_per_sample_cannot_evaluate_keeps_c_and_J_separate() -> None:
-    """More Fourier modes than a coarse grid holds: a warning, then c by the batched network and J by
-    its own forward pass, both still right."""
-    dm = DarcyData(**{**SMALL_DATA, "grid": 8})
-    task = small_task("float64", n_modes=(16, 16))
-    batch = train_batch(dm)
-    params = list(task.parameters())
-    task.constraint_jacobian(batch, task.constraints(batch), params)
-    with pytest.warns(RuntimeWarning, match="exceed the grid"):
-        c = task.constraints(batch)
-    assert task._fused is None and task._fuse_jacobian is None
-    torch.testing.assert_close(task.constraint_jacobian(batch, c, params), autograd_rows(c, params),
-                               rtol=1e-10, atol=1e-12)
-    task.constraint_jacobian(batch, task.constraints(batch), params)  # no second warning: no error
-    assert task._fuse_jacobian is None
 
 
 def test_jacobian_matches_central_differences_on_real_and_imaginary_parts() -> None:

@@ -6,9 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from torch.func import functional_call
-
-from lit_constrained.tasks.fno import build_fno, cast_module_, fno_per_sample
+from lit_constrained.tasks.fno import build_fno, cast_module_
 from lit_constrained.tasks.spectral import PointwiseConv1d
 
 
@@ -43,27 +41,3 @@ def test_cast_keeps_complex_weights_complex_and_the_state_dict_plain() -> None:
     assert all(isinstance(v, torch.Tensor) for v in fno.state_dict().values())  # no "_metadata" entry
     with pytest.raises(ValueError, match="n_modes"):
         build_fno(n_modes=(4,))
-
-
-@pytest.mark.parametrize(("modes", "grid"), [((16, 16), 16), ((7, 5), 16), ((6, 6), 11)])
-def test_fno_per_sample_equals_the_network_on_each_sample_with_its_parameters(modes: tuple[int, int], grid: int) -> None:
-    """All modes, a truncated block (odd counts), an odd grid; float64."""
-    torch.manual_seed(0)
-    net = cast_module_(build_fno(3, 3, modes), torch.float64)
-    x = torch.randn(4, 3, grid, grid, dtype=torch.float64)
-    params = {name: p.detach() + 0.1 * torch.randn(4, *p.shape, dtype=p.dtype) for name, p in net.named_parameters()}
-    each = [functional_call(net, {k: v[b] for k, v in params.items()}, (x[b:b + 1],)) for b in range(4)]
-    torch.testing.assert_close(fno_per_sample(net, params, x), torch.cat(each), rtol=1e-13, atol=1e-15)
-
-
-def test_fno_per_sample_refuses_other_networks_and_too_many_modes() -> None:
-    from neuralop.models import FNO
-
-    other = FNO(n_modes=(4, 4), in_channels=3, out_channels=1, hidden_channels=4, positional_embedding=None, norm="group_norm")
-    params = {name: p.detach()[None] for name, p in other.named_parameters()}
-    with pytest.raises(ValueError, match="normalization"):
-        fno_per_sample(other, params, torch.zeros(1, 3, 8, 8))
-    net = build_fno(2, 1, (16, 16))
-    params = {name: p.detach()[None] for name, p in net.named_parameters()}
-    with pytest.raises(ValueError, match="exceed the grid"):
-        fno_per_sample(net, params, torch.zeros(1, 3, 8, 8))
