@@ -37,9 +37,10 @@ class AdamCon(ConstrainedOptimizer):
 
     Solved in the scaled variable :math:`z = H^{1/2} d` with :math:`\hat J = J H^{-1/2}`:
     :math:`z = -\hat P H^{-1/2}\hat m - \hat J^+ c`, which is the same KKT solution and reuses the
-    rank-revealing factorization (:mod:`~lit_constrained.optim.nullspace`) of :math:`\hat J` (formed
-    each step in the parameters' dtype; its refinement residuals are taken with J itself, so the
-    rounding of :math:`\hat J` is corrected too). The normal component :math:`-H^{-1/2}\hat J^+ c` satisfies :math:`J(\cdot) = -c`;
+    rank-revealing factorization (:mod:`~lit_constrained.optim.nullspace`) of :math:`\hat J`. It is
+    never formed: its Gram :math:`J H^{-1} J^T` scales a cache-sized chunk of J's columns at a time, and
+    its products are :math:`J (H^{-1/2} v)` and :math:`H^{-1/2} (J^T z)` (one read of J each). The
+    normal component :math:`-H^{-1/2}\hat J^+ c` satisfies :math:`J(\cdot) = -c`;
     ``rho`` scales it (the paper's method is ``rho=1``), and ``rho="full"`` takes it unscaled by the lr,
     so the linearized constraints are restored in one step.
 
@@ -109,11 +110,10 @@ class AdamCon(ConstrainedOptimizer):
         else:
             for scale, (_, block) in zip(scales, blocks):
                 w[block].mul_(scale)
-        scaled = self._buffer("scaled_jacobian", tuple(jacobian.shape), dtype, device)
-        torch.mul(jacobian, inv_sqrt_h, out=scaled)  # J~ = J H^{-1/2}; NaN/inf in g or J shows in its Gram
-        factor, finite = self._factorize(scaled)
-        return Projection(scaled, factor, finite, {"inverse_sqrt_scaling": inv_sqrt_h, "direction": w, "c": c},
-                          tangent_scale=tangent_scale)
+        # the Gram of J~ = J H^{-1/2} (never formed); NaN/inf in g or J shows in it
+        factor, finite = self._factorize(jacobian, inv_sqrt_h)
+        return Projection(jacobian, factor, finite, {"direction": w, "c": c}, tangent_scale=tangent_scale,
+                          scaling=inv_sqrt_h)
 
     def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
                  diagnostics: dict[str, Tensor] | None) -> Tensor:
@@ -121,23 +121,19 @@ class AdamCon(ConstrainedOptimizer):
             state[key], self._buffers[key + "_next"] = self._buffers[key + "_next"], state[key]
         w = projection.extras["direction"]
         if diagnostics is not None and projection.jacobian.shape[0]:  # y of the KKT system
-            Jw = projection.tangent_scale * matvec(projection.jacobian, w)
+            Jw = projection.tangent_scale * matvec(projection.jacobian, w, self._scaling(projection))
             diagnostics["multiplier_norm"] = projection.factor.solve(projection.extras["c"] + Jw).norm()
         return w
 
-    def _scaled(self, projection: Projection, jacobian: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        d = projection.extras["inverse_sqrt_scaling"]
-        return jacobian, d, self._buffer("normal", tuple(d.shape), d.dtype, d.device)
-
     def _to_x(self, projection: Projection, step: Tensor) -> Tensor:
-        return step.mul_(projection.extras["inverse_sqrt_scaling"])  # d = H^{-1/2} z
+        return step.mul_(projection.scaling)  # d = H^{-1/2} z
 
     def _normal_norm(self, projection: Projection, c: Tensor) -> Tensor:
-        """||H^{-1/2} J~^+ c||: a pass over J~ (the scaling breaks the free identity of the SQP methods).
+        """||H^{-1/2} J~^+ c||: a pass over J (the scaling breaks the free identity of the SQP methods).
         The direction -J~^+ c is kept for the step itself (``extras["normal_direction"]``), and when the
         groups share one lr (``projection.step_scale`` = a) the same pass forms the tangential part,
         :math:`-\tilde J^T \tilde G^+ (a \tilde J w)` (``extras["tangent_direction"]``): one product
-        :math:`Y^T \tilde J` with two columns in Y costs one read of J~, like one of them."""
+        :math:`H^{-1/2} (Y^T J)^T` with two columns in Y costs one read of J, like one of them."""
         return self._scaled_normal(projection, c).norm().to(torch.float64)
 
     def _normal_norm_host(self, projection: Projection, c: np.ndarray) -> float:
@@ -149,25 +145,26 @@ class AdamCon(ConstrainedOptimizer):
         m x m solve in NumPy when c is a NumPy array (the host path), else in torch."""
         J, factor = projection.jacobian, projection.factor
         n, dtype = J.shape[1], J.dtype
+        scaling = self._scaling(projection)
+        d, scratch = scaling
         a = projection.step_scale
         if a is None:
             direction = self._buffer("normal_direction", (n,), dtype, J.device)
-            merged_step(J, factor, None, 0.0, c, 0, direction)
+            merged_step(J, factor, None, 0.0, c, 0, direction, scaling=scaling)
         else:
             w = projection.extras["direction"]
             if isinstance(c, np.ndarray):
-                rhs = np.stack([c, a * host_matvec(J, w)], axis=1)
+                rhs = np.stack([c, a * host_matvec(J, w, scaling)], axis=1)
                 coefficients = to_device(-factor.host.solve(rhs).T, J)
             else:
-                rhs = torch.stack([c, a * matvec(J, w)], dim=1)
+                rhs = torch.stack([c, a * matvec(J, w, scaling)], dim=1)
                 coefficients = factor.solve(rhs).T.neg().to(dtype)
             directions = self._buffer("directions", (2, n), dtype, J.device)
-            torch.mm(coefficients, J, out=directions)
+            torch.mm(coefficients, J, out=directions).mul_(d)  # -J~^T G~^+ [c, a J~ w] = -d (J^T ...)
             direction = directions[0]
             projection.extras["tangent_direction"] = directions[1]
         projection.extras["normal_direction"] = direction
-        scratch = self._buffer("normal", (n,), dtype, J.device)
-        return torch.mul(direction, projection.extras["inverse_sqrt_scaling"], out=scratch)
+        return torch.mul(direction, d, out=scratch)
 
     def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
         return self._factorize(jacobian)[0]  # the rank of J itself (diagnostic steps only)

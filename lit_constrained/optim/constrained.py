@@ -2,7 +2,8 @@ r"""The base class of the hard-constrained optimizers: one step from (g, c, J) t
 
 A subclass turns the flat gradient g (and its state) into a tangential direction w, expressed in the
 variables of a "projection Jacobian" :math:`\tilde J` (J itself for the SQP methods; the scaled
-:math:`J H^{-1/2}` for Adam(con)) with a map T back to x (identity, or :math:`H^{-1/2}`), and this class
+:math:`J H^{-1/2}` for Adam(con), never formed: ``Projection.scaling``) with a map T back to x
+(identity, or :math:`H^{-1/2}`), and this class
 composes the step
 
 .. math::
@@ -86,6 +87,7 @@ from .nullspace import (
     DEFAULT_RCOND,
     GramFactor,
     NullSpace,
+    Scaling,
     chunk_columns,
     exact_gram,
     exact_matvec,
@@ -97,6 +99,7 @@ from .nullspace import (
     merged_step,
     refine_,
     refinement_code,
+    scaled_scratch_shape,
 )
 
 Rho = Union[float, Literal["full"]]
@@ -160,8 +163,8 @@ class Projection:
     """What a subclass hands the base class before any state changes (see ``_prepare``).
 
     Attributes:
-        jacobian: the projection Jacobian (J, or J H^{-1/2}) in the working dtype.
-        factor: the factorization of its Gram matrix.
+        jacobian: J in the working dtype.
+        factor: the factorization of the projection Jacobian's Gram matrix (J J^T, or J D^2 J^T).
         finite: 0-dim bool (a Python bool on the host path), False when the inputs (J, g, ...) hold
             NaN/inf (checked on m x m data).
         extras: subclass data for ``_tangent`` / ``_to_x``.
@@ -174,6 +177,10 @@ class Projection:
     extras: dict[str, Any] = field(default_factory=dict)
     tangent_scale: float = 1.0
     """A scalar multiplying w, set by ``_tangent`` (folded into the merged step: no pass over w)."""
+    scaling: Tensor | None = None
+    """d: the projection Jacobian is J diag(d) (Adam(con): d = H^{-1/2}), never formed (its products go
+    through ``ConstrainedOptimizer._scaling``, see :func:`~lit_constrained.optim.nullspace.merged_step`);
+    None: J itself."""
     step_scale: float | None = None
     """a = lr * tangent_scale when all groups share one lr (set before ``_normal_norm``), else None: a
     ``_normal_norm`` that makes a pass over J~ may then form the tangential part a P~ w in the same pass
@@ -257,9 +264,12 @@ class ConstrainedOptimizer(Optimizer, ABC):
         """Map a step from the projection variables to x, in place (identity by default)."""
         return step
 
-    def _scaled(self, projection: Projection, jacobian: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
-        """(J, d, scratch) when the projection Jacobian is J * d (see ``merged_step``); None for J itself."""
-        return None
+    def _scaling(self, projection: Projection) -> Scaling | None:
+        """(d, scratch) when the projection Jacobian is J diag(d) (see ``merged_step``); None for J itself."""
+        d = projection.scaling
+        if d is None:
+            return None
+        return d, self._buffer("scaled_vector", tuple(d.shape), d.dtype, d.device)
 
     def _normal_norm(self, projection: Projection, c: Tensor) -> Tensor:
         """||T(J~^+ c)|| (0-dim float64): free for T = identity (c^T G~^+ c)."""
@@ -319,20 +329,24 @@ class ConstrainedOptimizer(Optimizer, ABC):
         return (self._buffer("exact_rows", (m, chunk), torch.float64, jacobian.device),
                 self._buffer("exact_vector", (chunk,), torch.float64, jacobian.device))
 
-    def _exact_factor(self, jacobian: Tensor, host: bool = False) -> GramFactor:
-        rows, _ = self._exact_workspace(jacobian)
-        return GramFactor.from_gram(exact_gram(jacobian, rows), self.param_groups[0]["rcond"], host=host)
+    def _exact_factor(self, jacobian: Tensor, host: bool = False, d: Tensor | None = None) -> GramFactor:
+        G = exact_gram(jacobian, self._exact_workspace(jacobian), d)
+        return GramFactor.from_gram(G, self.param_groups[0]["rcond"], host=host)
 
-    def _factorize(self, jacobian: Tensor) -> tuple[GramFactor, Tensor]:
-        """The factor of G = J J^T and whether G is finite (a NaN/inf anywhere in J shows in G; the
-        eigendecomposition then runs on the identity instead, and the flag stops the step)."""
-        if jacobian.shape[0] == 0:
+    def _factorize(self, jacobian: Tensor, d: Tensor | None = None) -> tuple[GramFactor, Tensor]:
+        """The factor of G = J D^2 J^T (D = diag(d), the identity when ``d`` is None) and whether G is
+        finite (a NaN/inf anywhere in J or d shows in G; the eigendecomposition then runs on the identity
+        instead, and the flag stops the step)."""
+        m, n = jacobian.shape
+        if m == 0:
             return GramFactor.empty(jacobian.device), torch.ones((), dtype=torch.bool, device=jacobian.device)
-        partials = None
+        partials = scratch = None
         if jacobian.dtype != torch.float64:
-            partials = self._buffer("gram_partials", gram_partials_shape(tuple(jacobian.shape)), jacobian.dtype,
-                                    jacobian.device)
-        G = gram(jacobian, partials)
+            partials = self._buffer("gram_partials", gram_partials_shape((m, n)), jacobian.dtype, jacobian.device)
+        if d is not None:
+            scratch = self._buffer("scaled_columns", scaled_scratch_shape(m, n, jacobian.dtype), jacobian.dtype,
+                                   jacobian.device)
+        G = gram(jacobian, partials, d, scratch)
         if self._on_host:
             finite = bool(np.isfinite(G.numpy()).all())
             if not finite:  # flagged (the step raises): never used
@@ -420,7 +434,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         exact_residual = code >= 8
         refinements = code % 8 - 2
         if refinements < 0:
-            projection.factor = self._exact_factor(projection.jacobian, host)
+            projection.factor = self._exact_factor(projection.jacobian, host, projection.scaling)
             refinements = exact_refinements(projection.factor, dtype)
             exact_residual = True
 
@@ -453,23 +467,22 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 scale, normal_norm = self._normal_scale(projection, c, s, params, state)
                 sc, zeros = scale * c, torch.zeros_like(c)
             if uniform:
-                workspace, scaled = self._exact_workspace(projection.jacobian), self._scaled(projection, J)
+                workspace, scaling = self._exact_workspace(J), self._scaling(projection)
                 normal = projection.extras.get("normal_direction")
                 tangent = projection.extras.get("tangent_direction")
                 if normal is None:
-                    merged_step(projection.jacobian, projection.factor, w, a, sc, refinements, delta,
-                                workspace, scaled, exact_residual)
+                    merged_step(J, projection.factor, w, a, sc, refinements, delta, workspace, scaling,
+                                exact_residual)
                 else:  # -J~^+ c was formed for the safeguard's norm: reuse it, a P~ w + s (-J~^+ c)
                     if tangent is None:
-                        merged_step(projection.jacobian, projection.factor, w, a, zeros, 0, delta)
+                        merged_step(J, projection.factor, w, a, zeros, 0, delta, scaling=scaling)
                     else:  # -J~^T G~^+ (a J~ w) came from the same pass: a P~ w = a w + tangent
                         torch.add(tangent, w, alpha=a, out=delta)
                     if host:
                         delta.add_(normal, alpha=scale)
                     else:
                         delta.addcmul_(normal, scale.to(delta.dtype))
-                    refine_(projection.jacobian, projection.factor, delta, sc, refinements, workspace,
-                            scaled, exact_residual)
+                    refine_(J, projection.factor, delta, sc, refinements, workspace, scaling, exact_residual)
                 self._to_x(projection, delta)
             else:
                 if host:
@@ -584,13 +597,14 @@ class ConstrainedOptimizer(Optimizer, ABC):
         """Groups with different lrs: Delta x = P(diag(lr) t) + normal, with t = T(P~ w) the tangential
         direction and the normal part s v_hat (``scale``) or diag(lr rho) v_hat (``lr_rho``)."""
         zeros = torch.zeros_like(c)
-        t = merged_step(projection.jacobian, projection.factor, w, projection.tangent_scale, zeros, refinements,
-                        torch.empty_like(w))
+        scaling = self._scaling(projection)
+        t = merged_step(J, projection.factor, w, projection.tangent_scale, zeros, refinements, torch.empty_like(w),
+                        scaling=scaling)
         t = self._to_x(projection, t)
         self._scale_by_group_lr(t, t)
         plain = NullSpace.from_jacobian(J, self.param_groups[0]["rcond"])
         merged_step(J, plain.factor, t, 1.0, zeros, plain.refine, out)
-        v_hat = merged_step(projection.jacobian, projection.factor, None, 0.0, c, refinements, torch.empty_like(w))
+        v_hat = merged_step(J, projection.factor, None, 0.0, c, refinements, torch.empty_like(w), scaling=scaling)
         v_hat = self._to_x(projection, v_hat)
         if lr_rho is not None:
             out.addcmul_(lr_rho, v_hat)
@@ -695,8 +709,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
             refinements=as_tensor(refinements),
         )
         if c.numel() and scale is not None:
-            normal = merged_step(projection.jacobian, projection.factor, None, 0.0, scale * c, refinements,
-                                 torch.empty_like(delta))
+            normal = merged_step(J, projection.factor, None, 0.0, scale * c, refinements, torch.empty_like(delta),
+                                 scaling=self._scaling(projection))
             normal = self._to_x(projection, normal)
             record["tangential_step_norm"] = (delta - normal).norm().to(torch.float64)
         else:

@@ -22,6 +22,7 @@ from lit_constrained.optim.nullspace import (
     merged_step,
     refinement_code,
     refinement_plan,
+    scaled_chunk_columns,
 )
 
 F64 = torch.float64
@@ -50,6 +51,24 @@ def test_blocked_gram_is_within_its_error_estimate(n):
     assert error <= 10 * gram_error(n, torch.float32, 7)
     # one float32 GEMM over all n is what the blocks avoid
     assert (gram(J.to(F64)) - exact).norm() / exact.norm() < 1e-15
+
+
+@pytest.mark.parametrize("m,dtype", [(10, torch.float32), (24, torch.float32), (10, F64)])
+def test_scaled_gram_against_dense_float64(m, dtype):
+    """gram(J, d=d) = J D^2 J^T (D = diag(d)) without forming J D in full: against the dense float64
+    product; n spans three chunks and a partial block. Float32: within the blocked Gram's error estimate,
+    and the same products and sums as the Gram of the formed J D."""
+    n = 3 * scaled_chunk_columns(m, 10**9, dtype) + 700
+    gen = torch.Generator().manual_seed(m)
+    J = torch.randn(m, n, generator=gen, dtype=dtype)
+    d = (torch.rand(n, generator=gen, dtype=dtype) + 0.1) ** 2  # a spread of column scales, as H^{-1/2}'s
+    J64 = J.to(F64) * d.to(F64)
+    exact = J64 @ J64.T
+    error = (gram(J, d=d) - exact).norm() / exact.norm()
+    assert error <= (1e-15 if dtype == F64 else 10 * gram_error(n, dtype, m))
+    if dtype == torch.float32:
+        assert torch.equal(gram(J, d=d), gram(J * d))
+    assert (exact_gram(J, d=d) - exact).norm() / exact.norm() < 1e-14
 
 
 @pytest.mark.parametrize("n", [300, 20_000, 100_003])
@@ -202,6 +221,28 @@ def test_host_merged_step_against_dense(dtype, exact):
     torch.testing.assert_close(out.to(F64), expected, rtol=tol, atol=tol * expected.abs().max().item())
     normal = merged_step(J, factor, None, 0.0, sc.numpy(), 1, torch.empty_like(w), exact=exact)
     torch.testing.assert_close(J64 @ normal.to(F64), -sc, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("host", [False, True])
+def test_scaled_merged_step_against_dense(dtype, host):
+    """merged_step with ``scaling = (d, scratch)`` is a P~ w - J~^+ (s c) for J~ = J diag(d), never formed,
+    against a dense pseudo-inverse of the formed float64 J~; w = None gives -J~^+ (s c)."""
+    gen = torch.Generator().manual_seed(5)
+    J = svd_jacobian(5, 400, 100.0, dtype=dtype)
+    d = torch.rand(400, generator=gen, dtype=dtype) + 0.2
+    w = torch.randn(400, generator=gen, dtype=dtype)
+    sc = torch.randn(5, generator=gen, dtype=F64)
+    scaling = (d, torch.empty_like(d))
+    factor = GramFactor.from_gram(gram(J, d=d), host=host)
+    rhs = sc.numpy() if host else sc
+    Js = J.to(F64) * d.to(F64)
+    tol = 1e-12 if dtype == F64 else 1e-5
+    out = merged_step(J, factor, w, 0.3, rhs, 2, torch.empty_like(w), scaling=scaling)
+    expected = 0.3 * dense_projector(Js) @ w.to(F64) - torch.linalg.pinv(Js) @ sc
+    torch.testing.assert_close(out.to(F64), expected, rtol=tol, atol=tol * expected.abs().max().item())
+    normal = merged_step(J, factor, None, 0.0, rhs, 1, torch.empty_like(w), scaling=scaling)
+    torch.testing.assert_close(Js @ normal.to(F64), -sc, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("cond,bound", [(1e3, 1e-6), (1e5, 1e-6)])
