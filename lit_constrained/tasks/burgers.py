@@ -51,7 +51,8 @@ from lit_constrained.tasks.burgers_data import (
     method_of_lines,
 )
 from lit_constrained.callbacks.monitoring import small_figure
-from lit_constrained.tasks.common import DTypeName, mlp, mlp_taylor, torch_dtype
+from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
+from lit_constrained.tasks.taylor import mlp_taylor
 
 __all__ = [
     "Burgers",
@@ -104,7 +105,7 @@ def taylor_derivatives(net: nn.Sequential, inputs: Tensor) -> Derivatives:
     r"""u, u_x, u_t, u_xx of an :func:`~lit_constrained.tasks.common.mlp` (Linear and Tanh layers,
     one output) at ``inputs`` (N, 2 + n_x) = [x, t, u0 on the grid], in one forward pass.
 
-    :func:`~lit_constrained.tasks.common.mlp_taylor` with the directions :math:`e_x` (column 0:
+    :func:`~lit_constrained.tasks.taylor.mlp_taylor` with the directions :math:`e_x` (column 0:
     u_x and, to second order, u_xx) and :math:`e_t` (column 1: u_t), the same for every row. Same
     values as :func:`burgers_derivatives`; a training step (objective forward and backward) costs
     less. Needs no autograd for the input derivatives, so it also runs under ``torch.no_grad()``.

@@ -56,7 +56,8 @@ from lit_constrained.tasks.chemistry_data import (
     reaction_matrix,
 )
 from lit_constrained.callbacks.monitoring import small_figure
-from lit_constrained.tasks.common import DTypeName, mlp, mlp_with_tangent, torch_dtype
+from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
+from lit_constrained.tasks.taylor import mlp_with_tangent
 
 __all__ = [
     "Chemistry",
@@ -124,7 +125,7 @@ class Chemistry(ConstrainedModule):
         t_max: time horizon (for the normalization).
         ic_spread: half-width of the initial-condition perturbation (for the normalization).
         derivative: how du/dt is computed: ``"tangent"`` (default: the tangent carried through the
-            MLP's layers by hand, :func:`~lit_constrained.tasks.common.mlp_with_tangent`; about 2x
+            MLP's layers by hand, :func:`~lit_constrained.tasks.taylor.mlp_with_tangent`; about 2x
             faster per training step than forward-mode AD), ``"forward"`` (forward-mode AD, any
             network) or ``"reverse"`` (4 reverse passes).
         dtype: ``"float32"`` or ``"float64"`` for the network (batches are cast to it).
