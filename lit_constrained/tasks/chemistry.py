@@ -70,7 +70,7 @@ __all__ = [
     "state_and_rate",
 ]
 
-DerivativeMode = Literal["tangent", "forward", "reverse"]
+DerivativeMode = Literal["taylor", "forward", "reverse"]
 
 #: column of the time in the input x = (u0, t)
 TIME_COLUMN = 4
@@ -124,7 +124,7 @@ class Chemistry(ConstrainedModule):
         normalize: fixed affine normalization of inputs and outputs (off: the paper's setting).
         t_max: time horizon (for the normalization).
         ic_spread: half-width of the initial-condition perturbation (for the normalization).
-        derivative: how du/dt is computed: ``"tangent"`` (default: the tangent carried through the
+        derivative: how du/dt is computed: ``"taylor"`` (default: the tangent carried through the
             MLP's layers by hand, :func:`~lit_constrained.tasks.taylor.mlp_with_tangent`; about 2x
             faster per training step than forward-mode AD), ``"forward"`` (forward-mode AD, any
             network) or ``"reverse"`` (4 reverse passes).
@@ -145,7 +145,7 @@ class Chemistry(ConstrainedModule):
         normalize: bool = False,
         t_max: float = 10.0,
         ic_spread: float = 1.0,
-        derivative: DerivativeMode = "tangent",
+        derivative: DerivativeMode = "taylor",
         dtype: DTypeName = "float32",
         **kwargs: Any,
     ) -> None:
@@ -154,8 +154,8 @@ class Chemistry(ConstrainedModule):
                             ("data_weight", data_weight)):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}.")
-        if derivative not in ("tangent", "forward", "reverse"):
-            raise ValueError(f"derivative must be 'tangent', 'forward' or 'reverse', got {derivative!r}.")
+        if derivative not in ("taylor", "forward", "reverse"):
+            raise ValueError(f"derivative must be 'taylor', 'forward' or 'reverse', got {derivative!r}.")
         if t_max <= 0 or ic_spread <= 0:
             raise ValueError(f"t_max and ic_spread must be > 0, got {t_max}, {ic_spread}.")
         self.residual_weight = float(residual_weight)
@@ -193,7 +193,7 @@ class Chemistry(ConstrainedModule):
 
     def state_and_rate(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(u, du/dt) of the network at rows x, both (N, 4)."""
-        if self.derivative != "tangent":
+        if self.derivative != "taylor":
             return state_and_rate(self, x, self.derivative)
         if x.dim() != 2 or x.shape[1] <= TIME_COLUMN:
             raise ValueError(f"x must have shape (N, 5) = (u0, t) rows, got {tuple(x.shape)}.")

@@ -149,7 +149,7 @@ def test_tangent_mode_matches_forward_mode_ad(normalize: bool) -> None:
     tangent = Chemistry(dtype="float64", normalize=normalize, hidden=16, depth=2)
     forward = Chemistry(dtype="float64", normalize=normalize, hidden=16, depth=2, derivative="forward")
     forward.load_state_dict(tangent.state_dict())
-    assert tangent.derivative == "tangent"
+    assert tangent.derivative == "taylor"
     x = torch.as_tensor(generate_chemistry(n_ic=2, n_val_ic=1, n_test_ic=1, n_times=8)["x"])
     for got, want in zip(tangent.state_and_rate(x), forward.state_and_rate(x)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
