@@ -20,7 +20,7 @@ from .constrained import (
     Projection,
     Rho,
 )
-from .nullspace import DEFAULT_RCOND, GramFactor, host_matvec, matvec, merged_step, to_device
+from .nullspace import DEFAULT_RCOND, GramFactor, merged_step, to_device
 
 
 class AdamCon(ConstrainedOptimizer):
@@ -110,10 +110,10 @@ class AdamCon(ConstrainedOptimizer):
         else:
             for scale, (_, block) in zip(scales, blocks):
                 w[block].mul_(scale)
-        # the Gram of J~ = J H^{-1/2} (never formed); NaN/inf in g or J shows in it
-        factor, finite = self._factorize(jacobian, inv_sqrt_h)
-        return Projection(jacobian, factor, finite, {"direction": w, "c": c}, tangent_scale=tangent_scale,
-                          scaling=inv_sqrt_h)
+        # the Gram of J~ = J H^{-1/2} (never formed; NaN/inf in g or J shows in it) and J~ w from its pass
+        factor, finite, Jw = self._scaled_factorize(jacobian, inv_sqrt_h, w)
+        return Projection(jacobian, factor, finite, {"direction": w, "direction_product": Jw, "c": c},
+                          tangent_scale=tangent_scale, scaling=inv_sqrt_h)
 
     def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
                  diagnostics: dict[str, Tensor] | None) -> Tensor:
@@ -121,7 +121,7 @@ class AdamCon(ConstrainedOptimizer):
             state[key], self._buffers[key + "_next"] = self._buffers[key + "_next"], state[key]
         w = projection.extras["direction"]
         if diagnostics is not None and projection.jacobian.shape[0]:  # y of the KKT system
-            Jw = projection.tangent_scale * matvec(projection.jacobian, w, self._scaling(projection))
+            Jw = projection.tangent_scale * projection.extras["direction_product"]
             diagnostics["multiplier_norm"] = projection.factor.solve(projection.extras["c"] + Jw).norm()
         return w
 
@@ -152,12 +152,12 @@ class AdamCon(ConstrainedOptimizer):
             direction = self._buffer("normal_direction", (n,), dtype, J.device)
             merged_step(J, factor, None, 0.0, c, 0, direction, scaling=scaling)
         else:
-            w = projection.extras["direction"]
+            Jw = projection.extras["direction_product"]  # J~ w, from the Gram's pass
             if isinstance(c, np.ndarray):
-                rhs = np.stack([c, a * host_matvec(J, w, scaling)], axis=1)
+                rhs = np.stack([c, a * Jw.numpy()], axis=1)
                 coefficients = to_device(-factor.host.solve(rhs).T, J)
             else:
-                rhs = torch.stack([c, a * matvec(J, w, scaling)], dim=1)
+                rhs = torch.stack([c, a * Jw], dim=1)
                 coefficients = factor.solve(rhs).T.neg().to(dtype)
             directions = self._buffer("directions", (2, n), dtype, J.device)
             torch.mm(coefficients, J, out=directions).mul_(d)  # -J~^T G~^+ [c, a J~ w] = -d (J^T ...)

@@ -92,13 +92,13 @@ from .nullspace import (
     exact_gram,
     exact_matvec,
     exact_refinements,
-    gram,
     gram_partials_shape,
     host_norm,
     host_refinement_code,
     merged_step,
     refine_,
     refinement_code,
+    scaled_gram,
     scaled_scratch_shape,
 )
 
@@ -333,28 +333,36 @@ class ConstrainedOptimizer(Optimizer, ABC):
         G = exact_gram(jacobian, self._exact_workspace(jacobian), d)
         return GramFactor.from_gram(G, self.param_groups[0]["rcond"], host=host)
 
-    def _factorize(self, jacobian: Tensor, d: Tensor | None = None) -> tuple[GramFactor, Tensor]:
-        """The factor of G = J D^2 J^T (D = diag(d), the identity when ``d`` is None) and whether G is
-        finite (a NaN/inf anywhere in J or d shows in G; the eigendecomposition then runs on the identity
-        instead, and the flag stops the step)."""
+    def _factorize(self, jacobian: Tensor) -> tuple[GramFactor, Tensor]:
+        """The factor of G = J J^T and whether G is finite (a NaN/inf anywhere in J shows in G; the
+        eigendecomposition then runs on the identity instead, and the flag stops the step)."""
+        factor, finite, _ = self._scaled_factorize(jacobian, None)
+        return factor, finite
+
+    def _scaled_factorize(self, jacobian: Tensor, d: Tensor | None, v: Tensor | None = None,
+                          ) -> tuple[GramFactor, Tensor, Tensor | None]:
+        """``_factorize`` for G = J D^2 J^T (D = diag(d), the identity when ``d`` is None; a NaN/inf in d
+        shows in G too), with J D v (float64) from the Gram's pass when ``v`` and ``d`` are given (else
+        None): :func:`~lit_constrained.optim.nullspace.scaled_gram`."""
         m, n = jacobian.shape
         if m == 0:
-            return GramFactor.empty(jacobian.device), torch.ones((), dtype=torch.bool, device=jacobian.device)
+            return (GramFactor.empty(jacobian.device), torch.ones((), dtype=torch.bool, device=jacobian.device),
+                    None)
         partials = scratch = None
         if jacobian.dtype != torch.float64:
             partials = self._buffer("gram_partials", gram_partials_shape((m, n)), jacobian.dtype, jacobian.device)
         if d is not None:
             scratch = self._buffer("scaled_columns", scaled_scratch_shape(m, n, jacobian.dtype), jacobian.dtype,
                                    jacobian.device)
-        G = gram(jacobian, partials, d, scratch)
+        G, Jv = scaled_gram(jacobian, d, partials, scratch, v)
         if self._on_host:
             finite = bool(np.isfinite(G.numpy()).all())
             if not finite:  # flagged (the step raises): never used
                 G = torch.zeros_like(G)
-            return GramFactor.from_gram(G, self.param_groups[0]["rcond"], host=True), finite
+            return GramFactor.from_gram(G, self.param_groups[0]["rcond"], host=True), finite, Jv
         finite = torch.isfinite(G).all()
         G = torch.where(finite, G, 0.0)  # a non-finite G is flagged (the step raises): never used
-        return GramFactor.from_gram(G, self.param_groups[0]["rcond"]), finite
+        return GramFactor.from_gram(G, self.param_groups[0]["rcond"]), finite, Jv
 
     def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
         """The factor of J J^T whose rank / smallest singular value the diagnostics report."""

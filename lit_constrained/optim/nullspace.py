@@ -12,7 +12,7 @@ m x m algebra and for the accumulations that need it:
   (:func:`add_rmatvec_`) is an n-vector written in J's dtype;
 * a column-scaled operator :math:`J D`, D = diag(d) (Adam(con)'s :math:`J H^{-1/2}`), is never formed
   (``scaling``): its Gram :math:`J D^2 J^T` scales a cache-sized chunk of columns at a time
-  (:func:`gram` with ``d``), its products are :math:`J (d \odot v)` and :math:`d \odot (J^T z)`.
+  (:func:`scaled_gram`), its products are :math:`J (d \odot v)` and :math:`d \odot (J^T z)`.
 
 With :math:`G = U \Lambda U^T` (an eigendecomposition: the left singular vectors and squared singular
 values of J), the numerical rank keeps the eigenvalues with :math:`\lambda_i > \mathrm{rcond}^2
@@ -101,11 +101,11 @@ MAX_REFINEMENTS = 2
 
 # ---------------------------------------------------------------------------- products with J
 SCRATCH_PAD = 16
-"""Extra entries per row of :func:`gram`'s scaling scratch (see :func:`scaled_scratch_shape`)."""
+"""Extra entries per row of :func:`scaled_gram`'s scratch (see :func:`scaled_scratch_shape`)."""
 
 
 def scaled_chunk_columns(m: int, n: int, dtype: torch.dtype) -> int:
-    """Columns of J scaled at a time by :func:`gram` with a scaling d: ``chunk_columns(m)`` (~1 MiB of
+    """Columns of J scaled at a time by :func:`scaled_gram`: ``chunk_columns(m)`` (~1 MiB of
     float32 J, in L2), rounded down to whole ``gram_block(m)`` blocks for float32 J; at most n."""
     if dtype == torch.float64:
         return min(n, chunk_columns(m))
@@ -114,7 +114,7 @@ def scaled_chunk_columns(m: int, n: int, dtype: torch.dtype) -> int:
 
 
 def scaled_scratch_shape(m: int, n: int, dtype: torch.dtype) -> tuple[int, int]:
-    """The shape of :func:`gram`'s scaling scratch: m rows of ``scaled_chunk_columns`` + ``SCRATCH_PAD``
+    """The shape of :func:`scaled_gram`'s scratch: m rows of ``scaled_chunk_columns`` + ``SCRATCH_PAD``
     entries. The pad keeps the row stride off multiples of 4 KiB: with rows 4 KiB-aligned (a chunk of
     whole blocks) the block products measured 1.1-1.25x slower at m = 32-50 (cache-set conflicts
     between the rows), 0.88-0.91x of forming J D and its Gram with the pad."""
@@ -126,29 +126,45 @@ def _scaled_columns(J: Tensor, d: Tensor, start: int, stop: int, scratch: Tensor
     return torch.mul(J[:, start:stop], d[start:stop], out=scratch[:, : stop - start])
 
 
-def gram(J: Tensor, workspace: Tensor | None = None, d: Tensor | None = None,
-         scratch: Tensor | None = None) -> Tensor:
-    r"""G = J D^2 J^T in float64, D = diag(d) (the identity when ``d`` is None): exact products for
-    float64 J; float32 products over column blocks of ``gram_block(m)`` summed in float64 otherwise;
-    symmetrized. ``workspace``: an optional buffer of shape ``gram_partials_shape(J.shape)`` in J's dtype
-    for the blocks' products.
+def gram(J: Tensor, workspace: Tensor | None = None) -> Tensor:
+    """G = J J^T in float64 (exact products for float64 J; float32 products over column blocks of
+    ``gram_block(m)`` summed in float64 otherwise), symmetrized. ``workspace``: an optional buffer of
+    shape ``gram_partials_shape(J.shape)`` in J's dtype for the blocks' products."""
+    return scaled_gram(J, None, workspace)[0]
+
+
+def scaled_gram(J: Tensor, d: Tensor | None, workspace: Tensor | None = None, scratch: Tensor | None = None,
+                v: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    r"""(G, J D v): G = J D^2 J^T as :func:`gram` forms it (D = diag(d), the identity when ``d`` is None),
+    and, when ``v`` is given (and ``d``), J D v in float64 from the same pass (else None).
 
     With ``d``, J D is never formed in full: ``scaled_chunk_columns(m, n, J.dtype)`` columns at a time
     are scaled into ``scratch`` (shape ``scaled_scratch_shape(m, n, J.dtype)``, J's dtype; allocated if
     None), small enough to stay in cache, and their block products are taken there. For float32 J these
     are the same products and the same float64 sum as ``gram(J * d)`` (tested equal); the traffic is one
-    read of J instead of a read of J, a write of J D and a read of it."""
+    read of J instead of a read of J, a write of J D and a read of it. J D v is taken from the cached
+    chunks too (a product in J's dtype per chunk, the chunks summed in float64): no pass of its own."""
     m, n = J.shape
     chunk = scaled_chunk_columns(m, n, J.dtype)
     if d is not None and scratch is None:
         scratch = torch.empty(scaled_scratch_shape(m, n, J.dtype), dtype=J.dtype, device=J.device)
+    products = None
+    if d is not None and v is not None:
+        products = torch.zeros(-(-n // chunk) + 1, m, dtype=J.dtype, device=J.device)  # + a row for the tail
+
+    def scaled(start: int, stop: int) -> Tensor:  # columns start:stop of J D, with their share of J D v
+        S = _scaled_columns(J, d, start, stop, scratch)
+        if products is not None:
+            torch.mv(S, v[start:stop], out=products[start // chunk])
+        return S
+
     if J.dtype == torch.float64:
         if d is None:
             G = J @ J.T
         else:
             G = torch.zeros(m, m, dtype=torch.float64, device=J.device)
             for start in range(0, n, chunk):
-                S = _scaled_columns(J, d, start, min(start + chunk, n), scratch)
+                S = scaled(start, min(start + chunk, n))
                 G.addmm_(S, S.T)
     else:
         block = gram_block(m)
@@ -164,20 +180,25 @@ def gram(J: Tensor, workspace: Tensor | None = None, d: Tensor | None = None,
             else:
                 for start in range(0, full, chunk):
                     stop = min(start + chunk, full)
-                    S = _scaled_columns(J, d, start, stop, scratch).view(m, -1, block).transpose(0, 1)
+                    S = scaled(start, stop).view(m, -1, block).transpose(0, 1)
                     torch.bmm(S, S.transpose(1, 2), out=workspace[start // block: stop // block])
                 partial = workspace
             G = partial.sum(0, dtype=torch.float64)
         if full < n:
             rest = J[:, full:] if d is None else _scaled_columns(J, d, full, n, scratch)
+            if products is not None:
+                torch.mv(rest, v[full:], out=products[-1])
             tail = (rest @ rest.T).to(torch.float64)
             G = tail if G is None else G.add_(tail)
         if G is None:
             G = torch.zeros(m, m, dtype=torch.float64, device=J.device)
+    Jv = None
+    if products is not None:
+        Jv = products.sum(0, dtype=torch.float64)
     if G.device.type == "cpu" and not G.requires_grad:  # the same arithmetic in NumPy: one dispatch instead of three
         host = G.numpy()
-        return torch.from_numpy(0.5 * (host + host.T))
-    return 0.5 * (G + G.T)
+        return torch.from_numpy(0.5 * (host + host.T)), Jv
+    return 0.5 * (G + G.T), Jv
 
 
 def exact_gram(J: Tensor, workspace: tuple[Tensor, Tensor] | None = None, d: Tensor | None = None) -> Tensor:
@@ -185,7 +206,7 @@ def exact_gram(J: Tensor, workspace: tuple[Tensor, Tensor] | None = None, d: Ten
     float64 round-off), converting J (and d) chunk by chunk into ``workspace`` = (float64 (m, chunk),
     float64 (chunk,)) so that no float64 copy of all of J is made."""
     if J.dtype == torch.float64:
-        return gram(J, d=d)
+        return scaled_gram(J, d)[0]
     m, n = J.shape
     if workspace is None:
         chunk = min(n, chunk_columns(m))
@@ -556,7 +577,7 @@ def merged_step(
     ``factor.host`` and CPU tensors). Returns ``out`` (J's dtype), which may alias ``w``.
 
     ``scaling = (d, scratch)``: the same with the operator :math:`J D`, D = diag(d), in place of J
-    (``factor`` then factors :math:`J D^2 J^T`, :func:`gram` with ``d``); it is never formed: its
+    (``factor`` then factors :math:`J D^2 J^T`, :func:`scaled_gram`); it is never formed: its
     products are :math:`J (d \odot v)` and :math:`d \odot (J^T z)`, through the n-vector ``scratch``.
     """
     host = factor.host if isinstance(sc, np.ndarray) else None

@@ -23,6 +23,7 @@ from lit_constrained.optim.nullspace import (
     refinement_code,
     refinement_plan,
     scaled_chunk_columns,
+    scaled_gram,
 )
 
 F64 = torch.float64
@@ -55,19 +56,26 @@ def test_blocked_gram_is_within_its_error_estimate(n):
 
 @pytest.mark.parametrize("m,dtype", [(10, torch.float32), (24, torch.float32), (10, F64)])
 def test_scaled_gram_against_dense_float64(m, dtype):
-    """gram(J, d=d) = J D^2 J^T (D = diag(d)) without forming J D in full: against the dense float64
-    product; n spans three chunks and a partial block. Float32: within the blocked Gram's error estimate,
-    and the same products and sums as the Gram of the formed J D."""
+    """scaled_gram(J, d) = J D^2 J^T (D = diag(d)) without forming J D in full, and J D v from the same
+    pass: against dense float64 products; n spans three chunks and a partial block. Float32: within the
+    blocked Gram's error estimate, the same products and sums as the Gram of the formed J D, and J D v
+    from chunk products summed in float64 (error ~eps32 sqrt(chunk) ||J_i D|| ||v||)."""
     n = 3 * scaled_chunk_columns(m, 10**9, dtype) + 700
     gen = torch.Generator().manual_seed(m)
     J = torch.randn(m, n, generator=gen, dtype=dtype)
     d = (torch.rand(n, generator=gen, dtype=dtype) + 0.1) ** 2  # a spread of column scales, as H^{-1/2}'s
     J64 = J.to(F64) * d.to(F64)
     exact = J64 @ J64.T
-    error = (gram(J, d=d) - exact).norm() / exact.norm()
+    v = torch.randn(n, generator=gen, dtype=dtype)
+    G, Jv = scaled_gram(J, d, v=v)
+    error = (G - exact).norm() / exact.norm()
     assert error <= (1e-15 if dtype == F64 else 10 * gram_error(n, dtype, m))
     if dtype == torch.float32:
-        assert torch.equal(gram(J, d=d), gram(J * d))
+        assert torch.equal(G, gram(J * d))
+    assert torch.equal(scaled_gram(J, d)[0], G) and scaled_gram(J, d)[1] is None
+    scale = J64.abs() @ v.to(F64).abs()  # the size of each row's sum before cancellation
+    eps = torch.finfo(dtype).eps * math.sqrt(scaled_chunk_columns(m, n, dtype))
+    assert ((Jv - J64 @ v.to(F64)).abs() / scale).max() <= eps
     assert (exact_gram(J, d=d) - exact).norm() / exact.norm() < 1e-14
 
 
@@ -234,7 +242,7 @@ def test_scaled_merged_step_against_dense(dtype, host):
     w = torch.randn(400, generator=gen, dtype=dtype)
     sc = torch.randn(5, generator=gen, dtype=F64)
     scaling = (d, torch.empty_like(d))
-    factor = GramFactor.from_gram(gram(J, d=d), host=host)
+    factor = GramFactor.from_gram(scaled_gram(J, d)[0], host=host)
     rhs = sc.numpy() if host else sc
     Js = J.to(F64) * d.to(F64)
     tol = 1e-12 if dtype == F64 else 1e-5
