@@ -475,7 +475,9 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 scale, normal_norm = self._normal_scale(projection, c, s, params, state)
                 sc, zeros = scale * c, torch.zeros_like(c)
             if uniform:
-                workspace, scaling = self._exact_workspace(J), self._scaling(projection)
+                # (the float64 scratch only for refinements with exact residuals)
+                workspace = self._exact_workspace(J) if refinements and exact_residual else None
+                scaling = self._scaling(projection)
                 normal = projection.extras.get("normal_direction")
                 tangent = projection.extras.get("tangent_direction")
                 if normal is None:
@@ -566,11 +568,11 @@ class ConstrainedOptimizer(Optimizer, ABC):
         if adaptive:
             rule = ADAPTIVE_NORMAL_STEP
             c_norm = host_norm(c)
-            radius = _host_float(state["normal_radius"]) if "normal_radius" in state else rule.initial
+            radius = float(state["normal_radius"]) if "normal_radius" in state else rule.initial
             if "previous_violation" in state:
-                previous, was_capped = _host_float(state["previous_violation"]), _host_float(state["normal_step_capped"])
+                previous, was_capped = float(state["previous_violation"]), float(state["normal_step_capped"])
                 # (max/min with the computed value first keep a NaN, as torch's clamp does)
-                ratio = (previous - c_norm) / max(previous - _host_float(state["predicted_violation"]), _TINY)
+                ratio = (previous - c_norm) / max(previous - float(state["predicted_violation"]), _TINY)
                 factor = (rule.shrink if was_capped and ratio < rule.shrink_below
                           else rule.grow if was_capped and ratio > rule.grow_above else 1.0)
                 radius = min(max(radius * factor, rule.smallest), rule.largest)
@@ -735,11 +737,6 @@ class ConstrainedOptimizer(Optimizer, ABC):
             record["linearized_feasibility_error"] = (exact_matvec(J, delta) + scale * c).norm() / (
                 scale * c.norm()
             ).clamp_min(_TINY)
-
-
-def _host_float(t: Tensor) -> float:
-    """A 0-dim state tensor as a Python float (a NumPy view on the CPU: no torch dispatch)."""
-    return float(t.numpy()) if t.device.type == "cpu" else float(t)
 
 
 def _host_tensor(value: float) -> Tensor:

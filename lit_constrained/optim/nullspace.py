@@ -149,7 +149,7 @@ def scaled_gram(J: Tensor, d: Tensor | None, workspace: Tensor | None = None, sc
     chunk = scaled_chunk_columns(m, n, J.dtype)
     if d is not None and scratch is None:
         scratch = torch.empty(scaled_scratch_shape(m, n, J.dtype), dtype=J.dtype, device=J.device)
-    products = None
+    products = tail = None
     if d is not None and v is not None:
         products = torch.zeros(-(-n // chunk) + 1, m, dtype=J.dtype, device=J.device)  # + a row for the tail
 
@@ -175,9 +175,11 @@ def scaled_gram(J: Tensor, d: Tensor | None, workspace: Tensor | None = None, sc
         if blocks:
             if workspace is None or tuple(workspace.shape) != (blocks, m, m):
                 workspace = torch.empty(blocks, m, m, dtype=J.dtype, device=J.device)
-            if d is None:
-                Jb = J[:, :full].view(m, blocks, block).transpose(0, 1)
-                partial = torch.bmm(Jb, Jb.transpose(1, 2), out=workspace)
+            if d is None:  # the (blocks, m, block) column blocks of J and their transposes: strided views
+                row, column = J.stride()
+                Jb = J.as_strided((blocks, m, block), (block * column, row, column))
+                JbT = J.as_strided((blocks, block, m), (block * column, column, row))
+                partial = torch.bmm(Jb, JbT, out=workspace)
             else:
                 for start in range(0, full, chunk):
                     stop = min(start + chunk, full)
@@ -189,17 +191,26 @@ def scaled_gram(J: Tensor, d: Tensor | None, workspace: Tensor | None = None, sc
             rest = J[:, full:] if d is None else _scaled_columns(J, d, full, n, scratch)
             if products is not None:
                 torch.mv(rest, v[full:], out=products[-1])
-            tail = (rest @ rest.T).to(torch.float64)
-            G = tail if G is None else G.add_(tail)
-        if G is None:
+            tail = rest @ rest.T  # (added to G in float64 below)
+        if G is None and tail is None:
             G = torch.zeros(m, m, dtype=torch.float64, device=J.device)
     Jv = None
     if products is not None:
         Jv = products.sum(0, dtype=torch.float64)
-    if G.device.type == "cpu" and not G.requires_grad:  # the same arithmetic in NumPy: one dispatch instead of three
-        host = G.numpy()
-        return torch.from_numpy(0.5 * (host + host.T)), Jv
-    return 0.5 * (G + G.T), Jv
+    return _symmetrized_sum(G, tail), Jv
+
+
+def _symmetrized_sum(G: Tensor | None, tail: Tensor | None) -> Tensor:
+    """0.5 (S + S^T) for S = G + tail in float64 (G float64, tail in J's dtype, converted exactly; one
+    may be None). CPU tensors outside autograd: the same arithmetic in NumPy (a dispatch per op saved)."""
+    parts = [part for part in (G, tail) if part is not None]
+    if parts[0].device.type == "cpu" and not any(part.requires_grad for part in parts):
+        S = G.numpy() if G is not None else tail.numpy().astype(np.float64)
+        if G is not None and tail is not None:
+            S = S + tail.numpy()  # (float32 entries promote to float64 exactly, as .to(float64) does)
+        return torch.from_numpy(0.5 * (S + S.T))
+    S = G if tail is None else tail.to(torch.float64) if G is None else G + tail.to(torch.float64)
+    return 0.5 * (S + S.T)
 
 
 def exact_gram(J: Tensor, workspace: tuple[Tensor, Tensor] | None = None, d: Tensor | None = None) -> Tensor:
@@ -374,7 +385,7 @@ class GramFactor:
         values = eigenvalues.numpy()
         largest = float(values[-1])
         keep = values > (rcond**2) * max(largest, 0.0)
-        inverse = np.divide(1.0, values, out=np.zeros_like(values), where=keep)
+        inverse = np.divide(1.0, values, out=np.zeros(values.shape[0]), where=keep)
         rank = int(np.count_nonzero(keep))
         kept_min = float(values[-rank]) if rank else largest
         # nothing kept: kept_min = largest, so the ratio is 1, or 0/0 for G = 0 (1 as well)

@@ -242,12 +242,10 @@ def projected_gradient(opt: ConstrainedOptimizer, projection: Projection, g: Ten
     if not Jg.size if isinstance(Jg, np.ndarray) else not Jg.numel():
         return u.copy_(g) if scale == 1.0 else torch.mul(g, scale, out=u)
     J = projection.jacobian
-    if isinstance(Jg, np.ndarray):  # the host path
-        y = to_device(factor.host.solve(Jg), J)
-        Jg = torch.from_numpy(Jg)
-    else:
-        y = factor.solve(Jg).to(J.dtype)
+    host = isinstance(Jg, np.ndarray)  # the host path
+    y = to_device(factor.host.solve(Jg), J) if host else factor.solve(Jg).to(J.dtype)
     torch.addmv(g, J.T, y, beta=scale, alpha=-scale, out=u)
     if diagnostics is not None:  # the KKT multiplier of beta = 0
+        Jg = torch.from_numpy(Jg) if host else Jg
         diagnostics["multiplier_norm"] = factor.solve(projection.extras["c"] - Jg).norm()
     return u
