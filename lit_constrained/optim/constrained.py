@@ -158,6 +158,21 @@ def check_precision(precision: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Layout:
+    """The flat layout of the parameters (per parameter, of its real view): the shapes and dtypes it was
+    built for (``key``), sizes, shapes, dtypes, the dtype they promote to (float32 at least) and whether
+    none is complex."""
+
+    key: tuple[tuple[torch.dtype, torch.Size], ...]
+    sizes: list[int]
+    shapes: list[torch.Size]
+    dtypes: list[torch.dtype]
+    dtype: torch.dtype
+    real: bool
+    n: int
+
+
 @dataclass
 class Projection:
     """What a subclass hands the base class before any state changes (see ``_prepare``).
@@ -292,19 +307,24 @@ class ConstrainedOptimizer(Optimizer, ABC):
             self._buffers[name] = buf
         return buf
 
-    def _working_dtype(self, params: list[Tensor]) -> torch.dtype:
-        if self.param_groups[0]["precision"] == "float64":
-            return torch.float64
-        dtypes = tuple(p.dtype for p in params)
-        cached = self._view_cache.get("working_dtype")
-        if cached is not None and cached[0] == dtypes:  # (promote_types is a dispatch per parameter)
-            return cached[1]
+    def _layout(self, params: list[Tensor]) -> Layout:
+        """The flat layout of ``params`` (cached while their dtypes and shapes stay the same)."""
+        key = tuple([(p.dtype, p.shape) for p in params])
+        cached = self._view_cache.get("layout")
+        if cached is not None and cached.key == key:
+            return cached
+        reals = [real_view(p) for p in params]
         dtype = torch.float32
-        for p in params:
-            dtype = torch.promote_types(dtype, real_view(p).dtype)
-        dtype = dtype if dtype.is_floating_point else torch.float32
-        self._view_cache["working_dtype"] = (dtypes, dtype)
-        return dtype
+        for t in reals:  # (promote_types is a dispatch per parameter: once per layout)
+            dtype = torch.promote_types(dtype, t.dtype)
+        layout = Layout(key, [t.numel() for t in reals], [t.shape for t in reals], [t.dtype for t in reals],
+                        dtype if dtype.is_floating_point else torch.float32,
+                        not any(p.is_complex() for p in params), sum(t.numel() for t in reals))
+        self._view_cache["layout"] = layout
+        return layout
+
+    def _working_dtype(self, layout: Layout) -> torch.dtype:
+        return torch.float64 if self.param_groups[0]["precision"] == "float64" else layout.dtype
 
     def _group_blocks(self) -> list[tuple[dict[str, Any], slice]]:
         """Each param group with its slice of the flat vector (cached while the groups' params stay)."""
@@ -401,10 +421,11 @@ class ConstrainedOptimizer(Optimizer, ABC):
         if not params:
             return loss
         device = params[0].device
-        dtype = self._working_dtype(params)
-        sizes = block_sizes(params)
-        n = sum(sizes)
-        g = self._gather_grad(params, sizes, dtype, device)
+        layout = self._layout(params)
+        dtype = self._working_dtype(layout)
+        n = layout.n
+        g = self._gather_grad(params, layout, dtype, device)
+        reals = params if layout.real else [real_view(p) for p in params]  # (x as real tensors)
         c, J = self._checked_constraints(constraints, jacobian, n, dtype, device)
         m = c.numel()
 
@@ -469,10 +490,10 @@ class ConstrainedOptimizer(Optimizer, ABC):
             s = 1.0 if rho == "full" else lr * float(rho)
             projection.step_scale = a if uniform else None
             if host:  # scale a float, sc a host array (selects the host path of merged_step / refine_)
-                scale, normal_norm = self._normal_scale_host(projection, c_host, s, params, state)
+                scale, normal_norm = self._normal_scale_host(projection, c_host, s, reals, state)
                 sc, zeros = scale * c_host, np.zeros(m)
             else:
-                scale, normal_norm = self._normal_scale(projection, c, s, params, state)
+                scale, normal_norm = self._normal_scale(projection, c, s, reals, state)
                 sc, zeros = scale * c, torch.zeros_like(c)
             if uniform:
                 # (the float64 scratch only for refinements with exact residuals)
@@ -503,7 +524,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
             scale = None
             normal_norm = torch.full((), math.nan, dtype=torch.float64, device=device)
             self._mixed_lr_step(projection, w, c, None, lr_rho, refinements, J, delta)
-        self._add_to_params(params, sizes, delta)
+        self._add_to_params(reals, layout, delta)
 
         if "initial_violation" not in state:
             state["initial_violation"] = c.abs().max() if m else c.new_zeros(())
@@ -518,7 +539,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
         self, projection: Projection, c: Tensor, s: float, params: list[Tensor], state: dict[str, Any]
     ) -> tuple[Tensor, Tensor]:
         """The normal-step scale s * tau (0-dim float64: tau < 1 where the safeguard caps the step) and
-        the resulting normal-step norm; updates the adaptive radius in the state."""
+        the resulting normal-step norm; updates the adaptive radius in the state. ``params``: x as real
+        tensors (the parameters' real views)."""
         cap = self.param_groups[0]["max_normal_step"]
         s_t = torch.full((), s, dtype=torch.float64, device=c.device)
         adaptive = cap == "adaptive" and self.param_groups[0]["rho"] == "full"
@@ -526,7 +548,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
             return s_t, s * self._normal_norm(projection, c)
         norm = s * self._normal_norm(projection, c)
         x_norm = torch.linalg.vector_norm(  # (step() runs under no_grad: no detach needed)
-            torch.stack(torch._foreach_norm([real_view(p) for p in params])).to(torch.float64)
+            torch.stack(torch._foreach_norm(params)).to(torch.float64)
         )
         if adaptive:
             rule = ADAPTIVE_NORMAL_STEP
@@ -564,7 +586,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         norm = s * self._normal_norm_host(projection, c)
         if cap is None or (cap == "adaptive" and not adaptive):
             return s, norm
-        x_norm = host_norm(torch.stack(torch._foreach_norm([real_view(p) for p in params])).numpy().astype(np.float64))
+        x_norm = host_norm(torch.stack(torch._foreach_norm(params)).numpy().astype(np.float64))
         if adaptive:
             rule = ADAPTIVE_NORMAL_STEP
             c_norm = host_norm(c)
@@ -621,25 +643,22 @@ class ConstrainedOptimizer(Optimizer, ABC):
         else:
             out.add_(v_hat * scale.to(out.dtype))
 
-    def _views(self, name: str, flat: Tensor, params: list[Tensor]) -> list[Tensor]:
+    def _views(self, name: str, flat: Tensor, layout: Layout) -> list[Tensor]:
         """Views of the persistent flat buffer ``flat`` shaped like each parameter's real view (cached)."""
-        key = (flat.data_ptr(), flat.dtype, tuple(id(p) for p in params))
         cached = self._view_cache.get(name)
-        if cached is None or cached[0] != key:
+        if cached is None or cached[0] is not layout or cached[1] != flat.data_ptr() or cached[2] != flat.dtype:
             views, offset = [], 0
-            for p in params:
-                shape = real_view(p).shape
-                size = math.prod(shape)
+            for shape, size in zip(layout.shapes, layout.sizes):
                 views.append(flat[offset:offset + size].view(shape))
                 offset += size
-            cached = (key, views)
+            cached = (layout, flat.data_ptr(), flat.dtype, views)
             self._view_cache[name] = cached
-        return cached[1]
+        return cached[3]
 
-    def _gather_grad(self, params: list[Tensor], sizes: list[int], dtype: torch.dtype, device: torch.device) -> Tensor:
+    def _gather_grad(self, params: list[Tensor], layout: Layout, dtype: torch.dtype, device: torch.device) -> Tensor:
         """g in the flat layout, copied into a persistent buffer (one foreach copy; zeros for no grad)."""
-        g = self._buffer("grad", (sum(sizes),), dtype, device)
-        views = self._views("grad", g, params)
+        g = self._buffer("grad", (layout.n,), dtype, device)
+        views = self._views("grad", g, layout)
         targets, grads = [], []
         for p, view in zip(params, views):
             if p.grad is None:
@@ -653,11 +672,11 @@ class ConstrainedOptimizer(Optimizer, ABC):
             torch._foreach_copy_(targets, grads)
         return g
 
-    def _add_to_params(self, params: list[Tensor], sizes: list[int], delta: Tensor) -> None:
-        """x <- x + delta, block by block (one foreach add when the dtypes agree)."""
-        targets = [real_view(p) if p.is_complex() else p for p in params]  # (step() runs under no_grad)
-        steps = self._views("delta", delta, params)
-        if all(t.dtype == delta.dtype for t in targets):
+    def _add_to_params(self, targets: list[Tensor], layout: Layout, delta: Tensor) -> None:
+        """x <- x + delta, block by block (one foreach add when the dtypes agree); ``targets``: the
+        parameters' real views (step() runs under no_grad)."""
+        steps = self._views("delta", delta, layout)
+        if all(dtype == delta.dtype for dtype in layout.dtypes):
             torch._foreach_add_(targets, steps)
         else:  # the float64 reference path with lower-precision parameters
             for target, step in zip(targets, steps):
