@@ -661,13 +661,14 @@ class ConstrainedOptimizer(Optimizer, ABC):
         views = self._views("grad", g, layout)
         targets, grads = [], []
         for p, view in zip(params, views):
-            if p.grad is None:
+            grad = p.grad  # (a property: read once)
+            if grad is None:
                 view.zero_()
-            elif p.grad.is_sparse:
+            elif grad.is_sparse:
                 raise ValueError(f"{type(self).__name__} does not support sparse gradients.")
             else:
                 targets.append(view)
-                grads.append(real_view(p.grad))
+                grads.append(grad if layout.real else real_view(grad))
         if targets:
             torch._foreach_copy_(targets, grads)
         return g
