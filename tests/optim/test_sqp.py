@@ -314,8 +314,11 @@ def svd_jacobian(m: int, n: int, cond: float, seed: int = 0) -> torch.Tensor:
 
 
 # Adam(con) solves in the scaled variable H^{1/2} d: the float32 rounding of its step is amplified by the
-# spread of H^{-1/2} (~1e3 for a random gradient), hence its looser bounds (measured: 1.2e-6 and 1.5e-5).
-ACCURACY = {SQPHeavyBall: (1e-6, 1e-4), SQPAdam: (1e-6, 1e-4), AdamCon: (1e-5, 1e-3)}
+# spread of H^{-1/2} (~1e3 for a random gradient), hence its looser bounds. Measured over 6 seeds (stop 23):
+# worst 1.25e-6 at cond(J) = 1e2 (the blocked float32 refinement residual; float64-product residuals give
+# 1.3e-7 but cost 38 -> 53 ms a step at n = 1e6), 5.7e-7 at 1e3, 2.0e-4 at 1e5, where rounding the exact
+# float64 step to float32 alone gives up to 7.7e-5.
+ACCURACY = {SQPHeavyBall: (1e-6, 1e-4), SQPAdam: (1e-6, 1e-4), AdamCon: (2e-6, 5e-4)}
 
 
 @pytest.mark.parametrize("opt_cls", [SQPHeavyBall, SQPAdam, AdamCon])
