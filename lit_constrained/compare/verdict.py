@@ -56,7 +56,8 @@ class Finals:
 
     Values (means over the seeds of a setting): ``objective`` (final loss), ``test_error``,
     ``violation_max`` and ``log_loss_area`` (the mean over validated epochs of log10 of the
-    seed-mean loss curve: lower means lower loss sooner).
+    seed-mean loss curve: lower means lower loss sooner). The methods of a setting are compared on the
+    seeds they all have (a grid stopped mid-seed has one method at more seeds than another).
     """
 
     def __init__(self, results: list[dict[str, Any]], variant: str = "paper",
@@ -68,6 +69,12 @@ class Finals:
             if spec["rho_variant"] not in ("-", variant):
                 continue
             groups[((spec["mode"], float(spec["lr"])), spec["method"])].append(result)
+        common: dict[Setting, set[int]] = {}
+        for (setting, _), group in groups.items():
+            seeds = {int(r["spec"]["seed"]) for r in group}
+            common[setting] = common.get(setting, seeds) & seeds
+        groups = {key: [r for r in group if int(r["spec"]["seed"]) in common[key[0]]]
+                  for key, group in groups.items()}
         self.values: dict[tuple[Setting, str], dict[str, float]] = {}
         self.runs: dict[tuple[Setting, str], int] = {}
         for key, group in groups.items():

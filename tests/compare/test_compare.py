@@ -310,6 +310,9 @@ def test_verdict_checks_on_known_records():
     results.append(_record("sqp_adam", "paper", 1e-4, "full", 0, list(np.linspace(1.0, 0.011, 4)), 0.0055))
     assert least_lr_sensitive("sqp_adam", "objective")(Finals(results, "paper")).verdict == "partly"
 
+    # a grid stopped mid-seed: a third seed for SQP-Adam alone does not enter its mean
+    extra = _record("sqp_adam", "paper", 1e-4, "minibatch", 2, list(np.linspace(1.0, 100.0, 4)), 50.0)
+    assert Finals(results + [extra], "paper").value(("minibatch", 1e-4), "sqp_adam", "objective") == pytest.approx(0.2)
     # a setting without every method is left out and named; nothing at all is "no data"
     partial = [r for r in results if r["spec"]["method"] != "adam_con" or r["spec"]["mode"] == "full"]
     outcome = lowest("sqp_adam", "objective")(Finals(partial, "paper"))
