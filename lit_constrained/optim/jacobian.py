@@ -11,8 +11,8 @@ Two strategies:
   ``torch.autograd.grad``, or one backward per row);
 * :func:`per_sample_jacobian`: constraints that each depend on ONE sample of a batch (a residual at a
   node of one sample), differentiated per sample: a ``vmap``-ed forward pass with one copy of the
-  parameters per unit of samples (grouped by :func:`constraint_units`; :func:`unit_residuals`),
-  then one reverse pass (:func:`copies_jacobian`).
+  parameters per unit of samples (grouped by :func:`constraint_units`; :func:`_unit_residuals`),
+  then one reverse pass (:func:`_copies_jacobian`).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def _parameter_names(module: nn.Module, params: Sequence[Tensor]) -> list[str]:
     return [names[id(p)] for p in params]
 
 
-def unit_residuals(
+def _unit_residuals(
     module: nn.Module,
     params: Sequence[Tensor],
     sample_residuals: Callable[..., Tensor],
@@ -202,7 +202,7 @@ def unit_residuals(
     ``real_view(p).expand(units, ...)`` of the parameters (no memory; complex parameters as their real
     view). Returns ``(values, copies)``: ``values[u, s]`` (shape ``(units, width)``) is attached to the
     parameters through the copies (a later backward reaches them), and since unit u's values depend on
-    copy u only, :func:`copies_jacobian` gets every unit's Jacobian rows in one reverse pass.
+    copy u only, :func:`_copies_jacobian` gets every unit's Jacobian rows in one reverse pass.
     Parameters of ``module`` not in ``params`` are used at their current values.
     """
     params = list(params)
@@ -223,9 +223,9 @@ def unit_residuals(
     return values, copies
 
 
-def copies_jacobian(constraints: Tensor, copies: Sequence[Tensor], unit: Tensor | None = None,
+def _copies_jacobian(constraints: Tensor, copies: Sequence[Tensor], unit: Tensor | None = None,
                     slot: Tensor | None = None, width: int = 1) -> Tensor:
-    r"""J (m, n) of constraints that each depend on ONE copy of the parameters (:func:`unit_residuals`).
+    r"""J (m, n) of constraints that each depend on ONE copy of the parameters (:func:`_unit_residuals`).
 
     :math:`c_i` is slot ``slot[i]`` of unit ``unit[i]`` and depends on the copies
     :math:`\theta_{\mathrm{unit}[i]}` only, so with :math:`S_s = \{i : \mathrm{slot}[i] = s\}`
@@ -236,13 +236,12 @@ def copies_jacobian(constraints: Tensor, copies: Sequence[Tensor], unit: Tensor 
     (the row of the constraint in slot s of unit u): one reverse pass per slot gives all units' rows,
     the ``width`` passes batched with ``is_grads_batched``. ``unit`` / ``slot`` ``None``: one unit per
     constraint, in order (``unit = arange(m)``, ``slot = 0``, ``width = 1``). Columns in the order
-    of ``copies`` (each flattened; a copy the constraints do not use gives zero columns). The graph of
-    ``constraints`` is retained (the objective's backward, or a penalty on c, can follow).
+    of ``copies`` (each flattened; a copy the constraints do not use gives zero columns).
     """
     if not constraints.requires_grad:
-        raise ValueError("constraints do not require grad: evaluate them with autograd enabled (unit_residuals).")
+        raise ValueError("constraints do not require grad: evaluate them with autograd enabled (_unit_residuals).")
     units = copies[0].shape[0] if copies else 0
-    kwargs = dict(retain_graph=True, allow_unused=True)
+    kwargs = dict(allow_unused=True)
     if width == 1:
         grads = torch.autograd.grad(constraints.sum(), copies, **kwargs)
     else:  # slot s of every unit at once: a batch of one-hot cotangents, (width, m)
@@ -270,8 +269,8 @@ def per_sample_jacobian(
     sample (``functional_call``) and returns a 1-D tensor of that sample's residuals. Constraint i
     depends only on its own sample, so J is assembled per sample, the samples grouped into units as
     :func:`constraint_units` says: the residuals of all units in ONE ``vmap``-ed forward pass, every
-    unit with its own copy of the parameters (:func:`unit_residuals`), then one reverse pass per slot
-    of a unit (:func:`copies_jacobian`). That is the cost of one batched forward and backward pass
+    unit with its own copy of the parameters (:func:`_unit_residuals`), then one reverse pass per slot
+    of a unit (:func:`_copies_jacobian`). That is the cost of one batched forward and backward pass
     over the units' samples, instead of m backward passes through the graph of the whole constraint
     batch (the general autograd Jacobian).
 
@@ -290,7 +289,7 @@ def per_sample_jacobian(
     if mode == "auto" and sample.device.type != "cpu":
         mode = "rows"  # the cost model reads counts on the host: on an accelerator, no host sync instead
     owner, table, unit, slot = constraint_units(sample, node, mode)
-    values, copies = unit_residuals(module, params, sample_residuals, sample_inputs, owner, table)
+    values, copies = _unit_residuals(module, params, sample_residuals, sample_inputs, owner, table)
     if mode == "rows" or (table.shape == (m, 1) and torch.equal(unit, torch.arange(m, device=unit.device))):
-        return copies_jacobian(values[:, 0], copies)  # one unit per constraint, in order
-    return copies_jacobian(values[unit, slot], copies, unit, slot, table.shape[1])
+        return _copies_jacobian(values[:, 0], copies)  # one unit per constraint, in order
+    return _copies_jacobian(values[unit, slot], copies, unit, slot, table.shape[1])
