@@ -4,7 +4,7 @@ The physics tasks need derivatives of the network's output with respect to its i
 u_x, u_xx) inside a loss that is then differentiated with respect to the weights. For a
 :func:`~lit_constrained.tasks.common.mlp` (``nn.Linear`` and ``nn.Tanh`` layers) the first and
 second directional derivatives are propagated alongside the state in one forward pass
-(:func:`mlp_taylor`, :func:`mlp_with_tangent`); autograd differentiates that pass once. This is
+(:func:`mlp_taylor`); autograd differentiates that pass once. This is
 cheaper than nested ``torch.autograd.grad(create_graph=True)`` or forward-mode AD under a backward
 pass; other networks keep those (the tasks' ``derivative`` option).
 """
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-__all__ = ["mlp_taylor", "mlp_with_tangent"]
+__all__ = ["mlp_taylor"]
 
 
 class _TanhTaylor(torch.autograd.Function):
@@ -154,18 +154,3 @@ _OTHER_NETWORKS = (
     "differentiate other networks with autograd (torch.autograd.forward_ad or nested torch.autograd.grad; "
     "the tasks' `derivative` option)."
 )
-
-
-def mlp_with_tangent(net: nn.Sequential, x: Tensor, tangent: Tensor) -> tuple[Tensor, Tensor]:
-    r"""``(net(x), J_net(x) tangent)``: the output and its directional derivative, row by row.
-
-    The first-order part of :func:`mlp_taylor` (one direction per row, ``tangent`` of the shape of x):
-
-    .. math::
-
-        z = W h + b,\ \dot z = W \dot h; \qquad h' = \tanh z,\ \dot h' = (1 - h'^2) \odot \dot z.
-
-    ``net`` is a :func:`mlp` (``nn.Linear`` and ``nn.Tanh`` layers); any other layer raises.
-    """
-    out, first, _ = mlp_taylor(net, x, tangent.unsqueeze(0))
-    return out, first[0]

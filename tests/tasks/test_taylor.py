@@ -11,10 +11,10 @@ import torch.autograd.forward_ad as fwAD
 from torch import Tensor, nn
 
 from lit_constrained.tasks.common import mlp
-from lit_constrained.tasks.taylor import mlp_taylor, mlp_with_tangent
+from lit_constrained.tasks.taylor import mlp_taylor
 
 
-def test_mlp_with_tangent_matches_forward_mode_ad_and_its_weight_gradients() -> None:
+def test_mlp_taylor_first_order_matches_forward_mode_ad_and_its_weight_gradients() -> None:
     """The hand-carried tangent against torch's forward-mode AD: values, and d/dweights of both."""
     torch.manual_seed(0)
     net = mlp(5, 12, 3, 4).double()
@@ -22,7 +22,8 @@ def test_mlp_with_tangent_matches_forward_mode_ad_and_its_weight_gradients() -> 
     tangent = torch.randn(9, 5, dtype=torch.float64)
     with fwAD.dual_level():
         out, direction = fwAD.unpack_dual(net(fwAD.make_dual(x, tangent)))
-    mine, my_direction = mlp_with_tangent(net, x, tangent)
+    mine, first, _ = mlp_taylor(net, x, tangent.unsqueeze(0))
+    my_direction = first[0]
     torch.testing.assert_close(mine, out, rtol=1e-14, atol=1e-14)
     torch.testing.assert_close(my_direction, direction, rtol=1e-13, atol=1e-13)
     weights = list(net.parameters())
@@ -32,10 +33,10 @@ def test_mlp_with_tangent_matches_forward_mode_ad_and_its_weight_gradients() -> 
         torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
 
 
-def test_mlp_with_tangent_rejects_other_layers() -> None:
+def test_mlp_taylor_rejects_other_layers() -> None:
     net = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
     with pytest.raises(TypeError, match="ReLU.*forward_ad"):
-        mlp_with_tangent(net, torch.zeros(1, 2), torch.ones(1, 2))
+        mlp_taylor(net, torch.zeros(1, 2), torch.ones(1, 1, 2))
 
 
 def nested_autograd_derivatives(net: nn.Module, x: Tensor, directions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
