@@ -7,7 +7,8 @@ configs and logs to ``results/compare/<task>/`` (git-ignored). Runs have no Tens
 much as the training on the spring task. Every
 ``--commit-every`` minutes and at the end the report is redrawn from the records and
 ``docs/compare/<task>/`` is committed (nothing else), so a session that ends mid-grid loses at most
-the runs in flight; running the same command again skips every recorded run.
+the runs in flight; running the same command again skips every recorded run. Stopping the driver
+(``kill``, Ctrl-C) stops the grid and its workers.
 
 The grid runs the committed code (``git archive HEAD`` into ``results/compare/code-<commit>/``), not
 the working tree, which other engineers may be editing; ``--working-tree`` runs the working tree.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -113,12 +115,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with open(work / "compare.log", "a") as output:
         process = subprocess.Popen(command, cwd=code, env=env, stdout=output, stderr=subprocess.STDOUT)
-        last = time.monotonic()
-        while process.poll() is None:
-            time.sleep(10)
-            if time.monotonic() - last >= 60 * args.commit_every:
-                redraw_and_commit("grid running")
-                last = time.monotonic()
+        # a stopped driver (kill, Ctrl-C) stops the grid: compare's workers end with their parent
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        try:
+            last = time.monotonic()
+            while process.poll() is None:
+                time.sleep(10)
+                if time.monotonic() - last >= 60 * args.commit_every:
+                    redraw_and_commit("grid running")
+                    last = time.monotonic()
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                process.wait()
+                log(log_path, "driver stopped: grid terminated (the runs in flight are run again next time)")
     log(log_path, f"grid exited with {process.returncode}")
     redraw_and_commit("grid finished" if process.returncode == 0 else f"grid exited with {process.returncode}")
     return process.returncode

@@ -5,14 +5,19 @@ Runs start in :func:`~lit_constrained.compare.grid.execution_order` (full batch 
 mini-batch runs seed by seed), so a grid stopped early has comparable partial results.
 A worker imports the package once and then runs grid points one after another (``isolate=True``
 gives every run a fresh process instead). Each run's result file is written when it finishes, so an
-interrupted comparison resumes where it stopped.
+interrupted comparison resumes where it stopped. A worker ends itself when the process that started it
+is gone (killed, say, at the end of a session): its run in flight leaves no result file and is run again
+next time, instead of training on unseen in the background.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import sys
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +35,21 @@ class GridOutcome:
     finished: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+
+
+def exit_with_parent(parent_pid: int, poll_seconds: float = 1.0) -> None:
+    """Start a daemon thread that ends this process (exit status 1) once ``parent_pid`` is no longer its parent.
+
+    A worker pool's initializer: when the parent dies, the worker is re-parented (``os.getppid()``
+    changes) and would otherwise finish its run, and any it already holds, unobserved.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_seconds)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def is_finished(spec: RunSpec, out_dir: Path, expected_fingerprint: str) -> bool:
@@ -82,7 +102,8 @@ def run_grid(
         bar.write(f"{len(outcome.skipped)} finished run(s) skipped (result files in {out_dir / 'runs'})")
     context = multiprocessing.get_context("spawn")
     workers = min(jobs, len(todo))
-    with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1 if isolate else None) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1 if isolate else None,
+                             initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {
             pool.submit(execute, spec.to_dict(), str(config_dir), str(out_dir), threads, eval_every, test_metric,
                         prefer_paper, str(work_dir), budget.to_dict() if budget is not None else None,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 import warnings
@@ -43,6 +44,7 @@ from typing import Any
 import torch
 
 from .records import write_json
+from .runner import exit_with_parent
 
 METHODS: dict[str, str] = {
     "adam_unc": "Adam(unc)",
@@ -349,7 +351,7 @@ def sweep(tasks: Sequence[str], methods: Sequence[str], lrs: Sequence[float], se
         for job in todo:
             record(run_one(*job))
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with ProcessPoolExecutor(max_workers=workers, initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
             for future in as_completed([pool.submit(run_one, *job) for job in todo]):
                 record(future.result())
     return runs
