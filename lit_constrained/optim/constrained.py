@@ -499,11 +499,14 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 # (the float64 scratch only for refinements with exact residuals)
                 workspace = self._exact_workspace(J) if refinements and exact_residual else None
                 scaling = self._scaling(projection)
+                # (the corrections' scratch: refinements with exact residuals of the unscaled J; see refine_)
+                scratch = (self._buffer("correction", (n,), dtype, device)
+                           if refinements and exact_residual and scaling is None else None)
                 normal = projection.extras.get("normal_direction")
                 tangent = projection.extras.get("tangent_direction")
                 if normal is None:
                     merged_step(J, projection.factor, w, a, sc, refinements, delta, workspace, scaling,
-                                exact_residual)
+                                exact_residual, scratch)
                 else:  # -J~^+ c was formed for the safeguard's norm: reuse it, a P~ w + s (-J~^+ c)
                     if tangent is None:
                         merged_step(J, projection.factor, w, a, zeros, 0, delta, scaling=scaling)
@@ -513,7 +516,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
                         delta.add_(normal, alpha=scale)
                     else:
                         delta.addcmul_(normal, scale.to(delta.dtype))
-                    refine_(J, projection.factor, delta, sc, refinements, workspace, scaling, exact_residual)
+                    refine_(J, projection.factor, delta, sc, refinements, workspace, scaling, exact_residual,
+                            scratch)
                 self._to_x(projection, delta)
             else:
                 if host:

@@ -9,7 +9,8 @@ m x m algebra and for the accumulations that need it:
   :func:`exact_gram` forms it from float64 products when J is too ill-conditioned for that;
 * :math:`J v` (:func:`matvec`) is a float32 product; :func:`exact_matvec` forms it from float64
   products (J converted chunk by chunk) for the residuals of iterative refinement; :math:`J^T z`
-  (:func:`add_rmatvec_`) is an n-vector written in J's dtype;
+  (:func:`add_rmatvec_`) is an n-vector written in J's dtype (a refinement's correction formed apart
+  and then added, :func:`refine_`);
 * a column-scaled operator :math:`J D`, D = diag(d) (Adam(con)'s :math:`J H^{-1/2}`), is never formed
   (``scaling``): its Gram :math:`J D^2 J^T` scales a cache-sized chunk of columns at a time
   (:func:`scaled_gram`), its products are :math:`J (d \odot v)` and :math:`d \odot (J^T z)`.
@@ -90,6 +91,13 @@ def chunk_columns(m: int) -> int:
 
 RESIDUAL_BLOCK = 256
 """Columns per float32 product block of :func:`blocked_matvec` (partials summed in float64)."""
+
+SCALED_RESIDUAL_BLOCK = 64
+"""The block of the scaled residuals :math:`J (d \odot v)` (Adam(con)): the scaling spreads the products'
+magnitudes (H^{-1/2} spans ~1e3 for a random gradient), which the estimate of :func:`residual_error`
+does not see. At n = 1e5, m = 10, cond(J) = 1e2 (J from an SVD, 18 instances) Adam(con)'s
+||J d + c|| / ||c|| was at most 9.2e-7 with 256-column blocks, 6.3e-7 with 128 and 4.5e-7 with 64;
+a 64-column residual costs ~1.25x a 256-column one (7.3 against 5.9 ms at n = 1e6, m = 10)."""
 
 TARGET_ERROR = 1e-6
 """Refine until the estimated relative error of J delta = -s c is below this (float32 data; about the
@@ -292,8 +300,8 @@ def exact_matvec(J: Tensor, v: Tensor, workspace: tuple[Tensor, Tensor] | None =
     return out
 
 
-def blocked_matvec(J: Tensor, v: Tensor) -> Tensor:
-    r"""J v as float64: float32 products over blocks of ``RESIDUAL_BLOCK`` columns (one ``bmm``), the
+def blocked_matvec(J: Tensor, v: Tensor, block: int = RESIDUAL_BLOCK) -> Tensor:
+    r"""J v as float64: float32 products over blocks of ``block`` columns (one ``bmm``), the
     blocks' partial sums added in float64 (exact float64 products for float64 J and v). The error of a
     row is :math:`\sim\epsilon_{32}\sqrt{B/n}\,\|J_i\|\,\|v\|` (the blocks' rounding errors are
     independent), against :math:`\epsilon_{32}\|J_i\|\|v\|`-like for one float32 GEMV over all n; it
@@ -302,12 +310,12 @@ def blocked_matvec(J: Tensor, v: Tensor) -> Tensor:
         return J @ v.to(torch.float64)
     m, n = J.shape
     v = v.to(J.dtype)
-    blocks = n // RESIDUAL_BLOCK
-    full = blocks * RESIDUAL_BLOCK
+    blocks = n // block
+    full = blocks * block
     out = torch.zeros(m, dtype=torch.float64, device=J.device)
     if blocks:
-        Jb = J[:, :full].view(m, blocks, RESIDUAL_BLOCK).transpose(0, 1)
-        partial = torch.bmm(Jb, v[:full].view(blocks, RESIDUAL_BLOCK, 1))
+        Jb = J[:, :full].view(m, blocks, block).transpose(0, 1)
+        partial = torch.bmm(Jb, v[:full].view(blocks, block, 1))
         out += partial.sum(0, dtype=torch.float64).view(m)
     if full < n:
         out += (J[:, full:] @ v[full:]).to(torch.float64)
@@ -579,6 +587,7 @@ def merged_step(
     workspace: tuple[Tensor, Tensor] | None = None,
     scaling: Scaling | None = None,
     exact: bool = True,
+    scratch: Tensor | None = None,
 ) -> Tensor:
     r"""out = a P w - J^+ (s c), merged: :math:`out = a w - J^T z`, :math:`z = G^+(sc + a J w)`.
 
@@ -586,7 +595,8 @@ def merged_step(
     refinement (residuals from :func:`exact_matvec` with ``workspace``, or from :func:`blocked_matvec`
     when ``exact`` is False; :func:`exact_residual_needed` decides). ``w=None`` means w = 0 (the
     normal step alone); ``sc`` is :math:`s c` (float64; a NumPy array selects the host path, which needs
-    ``factor.host`` and CPU tensors). Returns ``out`` (J's dtype), which may alias ``w``.
+    ``factor.host`` and CPU tensors). Returns ``out`` (J's dtype), which may alias ``w``. ``scratch``: an
+    n-vector in J's dtype for the refinement's corrections (:func:`refine_`; allocated there when None).
 
     ``scaling = (d, scratch)``: the same with the operator :math:`J D`, D = diag(d), in place of J
     (``factor`` then factors :math:`J D^2 J^T`, :func:`scaled_gram`); it is never formed: its
@@ -613,7 +623,7 @@ def merged_step(
             d, scratch = scaling
             scratch.addmv_(J.T, z, beta=0.0, alpha=-1.0).mul_(d)
             torch.add(scratch, w, alpha=a, out=out)
-    return refine_(J, factor, out, sc, refinements, workspace, scaling, exact)
+    return refine_(J, factor, out, sc, refinements, workspace, scaling, exact, scratch)
 
 
 def refine_(
@@ -625,24 +635,59 @@ def refine_(
     workspace: tuple[Tensor, Tensor] | None = None,
     scaling: Scaling | None = None,
     exact: bool = True,
+    scratch: Tensor | None = None,
 ) -> Tensor:
     r"""``refinements`` steps of iterative refinement of :math:`J\,out = -U_r U_r^T (sc)` (of
     :math:`J D\,out` with ``scaling``) in place: residual from :func:`exact_matvec` (``exact``) or
-    :func:`blocked_matvec`, correction :math:`J^T G^+ r` (see :func:`merged_step`)."""
+    :func:`blocked_matvec` (``SCALED_RESIDUAL_BLOCK`` columns with ``scaling``), correction
+    :math:`J^T G^+ r` (see :func:`merged_step`).
+
+    With exact residuals (an ill-conditioned J) the correction is formed apart (in ``scratch``, an n-vector
+    in J's dtype, allocated when None; with ``scaling`` in its scratch), from split multipliers
+    (:func:`_rmatvec_into`), and then added to ``out`` in one rounding. Accumulated into ``out`` inside the
+    product (``out.addmv_(J.T, z)``: m row updates, each rounded at the magnitude of ``out``, far above the
+    correction's) the refinement stalled at 1e-6-1e-5 relative error at n = 1e5, m = 10, cond(J) = 1e3
+    (float32), against the ~3e-8 of rounding the exact step to float32 that it reaches this way. With
+    blocked residuals (a well-conditioned J) the product accumulates into ``out`` (measured no less
+    accurate there, and two n-vector passes cheaper)."""
     if refinements:
         host = factor.host if isinstance(sc, np.ndarray) else None
         target = -factor.range_part(sc) if host is None else -host.range_part(sc)
-        product = (lambda A, v: exact_matvec(A, v, workspace)) if exact else blocked_matvec
+        if exact:
+            product = functools.partial(exact_matvec, workspace=workspace)
+        else:
+            block = RESIDUAL_BLOCK if scaling is None else SCALED_RESIDUAL_BLOCK
+            product = functools.partial(blocked_matvec, block=block)
+        if exact and scaling is None and scratch is None:
+            scratch = torch.empty_like(out)
         for _ in range(refinements):
             if scaling is None:
                 Jx = product(J, out)
             else:
-                d, scratch = scaling
-                Jx = product(J, torch.mul(d, out, out=scratch))
-            if host is None:
-                add_rmatvec_(out, J, factor.solve(target - Jx), scaling=scaling)
-            else:
-                add_rmatvec_(out, J, to_device(host.solve(target - Jx.numpy()), J), scaling=scaling)
+                d, scaled = scaling
+                Jx = product(J, torch.mul(d, out, out=scaled))
+            z = factor.solve(target - Jx) if host is None else torch.from_numpy(host.solve(target - Jx.numpy()))
+            if not exact:
+                add_rmatvec_(out, J, z, scaling=scaling)
+            elif scaling is None:
+                out.add_(_rmatvec_into(scratch, J, z))
+            else:  # d * (J^T z), formed in the scaling's scratch, then added
+                d, scaled = scaling
+                out.addcmul_(_rmatvec_into(scaled, J, z), d)
+    return out
+
+
+def _rmatvec_into(out: Tensor, J: Tensor, z: Tensor) -> Tensor:
+    r"""out = J^T z in J's dtype for a float64 z, its rounding to J's dtype carried by a second product:
+    :math:`J^T z_{hi} + J^T z_{lo}` with :math:`z_{hi}` = z rounded and :math:`z_{lo} = z - z_{hi}` (one
+    more pass over J). G^+ amplifies the residual by up to :math:`1/\lambda_{\min}`, so z spans many orders
+    and its float32 rounding alone left the refinement at 9e-6-5e-5 relative error at cond(J) = 1e5
+    (n = 1e5, m = 10; 5e-6-8e-6 split, about the float32 floor of a step that large). Used with the exact
+    residuals (ill-conditioned J), where that pass is a small part of the cost."""
+    high = z.to(J.dtype)
+    torch.mv(J.T, high, out=out)
+    if z.dtype != J.dtype:
+        out.addmv_(J.T, (z - high.to(z.dtype)).to(J.dtype))
     return out
 
 
