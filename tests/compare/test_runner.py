@@ -49,6 +49,7 @@ def test_a_worker_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
     script, pid_file = tmp_path / "parent.py", tmp_path / "worker.pid"
     script.write_text(PARENT)
     parent = subprocess.Popen([sys.executable, str(script), str(pid_file)])
+    worker = None
     try:
         deadline = time.monotonic() + 60
         while not (pid_file.exists() and pid_file.read_text()):
@@ -65,6 +66,8 @@ def test_a_worker_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
     finally:
         if parent.poll() is None:
             parent.kill()
+        if worker is not None and _alive(worker):  # a failed check leaves no stray worker behind
+            os.kill(worker, signal.SIGKILL)
 
 
 def test_the_watch_leaves_a_process_with_its_parent_alone() -> None:
