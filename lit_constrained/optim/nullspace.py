@@ -337,14 +337,30 @@ def exact_residual_needed(factor: "GramFactor", n: int, dtype: torch.dtype) -> T
     return residual_error(factor, n, dtype) > TARGET_ERROR
 
 
-def add_rmatvec_(out: Tensor, J: Tensor, z: Tensor, alpha: float = 1.0, scaling: Scaling | None = None) -> Tensor:
+def add_rmatvec_(
+    out: Tensor,
+    J: Tensor,
+    z: Tensor,
+    alpha: float = 1.0,
+    scaling: Scaling | None = None,
+    split: bool = False,
+    scratch: Tensor | None = None,
+) -> Tensor:
     """out += alpha J^T z (alpha D J^T z with ``scaling``), in place (out and J share a dtype; z is cast
-    to it)."""
+    to it). ``split``: J^T z is formed apart from split multipliers (:func:`_rmatvec_into`; in ``scratch``,
+    an n-vector in J's dtype allocated when None, or in the scaling's scratch) and added in one rounding,
+    for a float64 z that the product would otherwise lose (a refinement's correction, :func:`refine_`)."""
+    if split:
+        if scaling is None:
+            product = _rmatvec_into(torch.empty_like(out) if scratch is None else scratch, J, z)
+            return out.add_(product, alpha=alpha)
+        d, scaled = scaling
+        return out.addcmul_(_rmatvec_into(scaled, J, z), d, value=alpha)
     z = z if z.dtype == J.dtype else z.to(J.dtype)
     if scaling is None:
         return out.addmv_(J.T, z, alpha=alpha)
-    d, scratch = scaling
-    return out.addcmul_(torch.mv(J.T, z, out=scratch), d, value=alpha)
+    d, scaled = scaling
+    return out.addcmul_(torch.mv(J.T, z, out=scaled), d, value=alpha)
 
 
 # ---------------------------------------------------------------------------- the m x m algebra
@@ -667,13 +683,7 @@ def refine_(
                 d, scaled = scaling
                 Jx = product(J, torch.mul(d, out, out=scaled))
             z = factor.solve(target - Jx) if host is None else torch.from_numpy(host.solve(target - Jx.numpy()))
-            if not exact:
-                add_rmatvec_(out, J, z, scaling=scaling)
-            elif scaling is None:
-                out.add_(_rmatvec_into(scratch, J, z))
-            else:  # d * (J^T z), formed in the scaling's scratch, then added
-                d, scaled = scaling
-                out.addcmul_(_rmatvec_into(scaled, J, z), d)
+            add_rmatvec_(out, J, z, scaling=scaling, split=exact, scratch=scratch)
     return out
 
 
