@@ -15,7 +15,7 @@ import yaml
 from lit_constrained.compare import main
 from lit_constrained.compare.configs import config_budget, find_config, fingerprint, run_config
 from lit_constrained.compare.grid import RunSpec, build_grid, execution_order, parse_rho, resolve_budget
-from lit_constrained.compare.verdict import CLAIMS, Finals, least_lr_sensitive, lowest, verdict_table
+from lit_constrained.compare.verdict import CLAIMS, CONSTRAINED, Finals, least_lr_sensitive, lowest, verdict_table
 from lit_constrained.compare.records import history_columns, history_from_columns, summarize, thin_history
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -301,6 +301,9 @@ def test_verdict_checks_on_known_records():
     outcome = lowest("sqp_adam", "objective")(paper)
     assert outcome.verdict == "partly" and outcome.text.startswith("holds in 3 of 4 settings")
     assert "mini-batch 0.0001: 0.2 vs 0.15 (Adam(unc))" in outcome.text
+    # among the constrained methods only (Adam(unc) left out), SQP-Adam is lowest everywhere
+    among = lowest("sqp_adam", "objective", CONSTRAINED)(paper)
+    assert among.verdict == "reproduced" and "mini-batch 0.0001: 0.2 vs 0.5 (Adam(con))" in among.text
     # ratios 1e-4 / 5e-4 -- full: SQP-Adam 2, HeavyBall 2, Adam(con) 1.67, Adam(unc) 4; mini-batch: 4, 2, 1.67, 1.5
     sensitivity = least_lr_sensitive("sqp_adam", "objective")(paper)
     assert sensitivity.verdict == "not reproduced" and "holds in 0 of 2" in sensitivity.text
