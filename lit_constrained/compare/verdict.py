@@ -12,7 +12,8 @@ rate) that has all the methods it needs; a claim about every setting is
 
 "Loss" is the full objective (all training points) at the weights reached at the end of an epoch
 (``val_objective`` of the records); the final value is that of the last validated epoch; mini-batch
-values are means over the seeds. The claims are checked with the paper's rho (Adam(unc) has none)
+values are means over the seeds; a comparison whose two means differ by less than the larger of their
+seeds' standard deviations is marked "(within the seeds' std)" (the verdict still counts it). The claims are checked with the paper's rho (Adam(unc) has none)
 and, where the records have them, again with rho = "full" for the constrained methods.
 """
 
@@ -76,6 +77,7 @@ class Finals:
         groups = {key: [r for r in group if int(r["spec"]["seed"]) in common[key[0]]]
                   for key, group in groups.items()}
         self.values: dict[tuple[Setting, str], dict[str, float]] = {}
+        self.spreads: dict[tuple[Setting, str], dict[str, float]] = {}
         self.runs: dict[tuple[Setting, str], int] = {}
         for key, group in groups.items():
             self.values[key] = {
@@ -83,6 +85,9 @@ class Finals:
                 "test_error": _mean([r["summary"].get("test_error") for r in group]),
                 "violation_max": _mean([r["summary"].get("violation_max") for r in group]),
                 "log_loss_area": _log_area(group),
+            }
+            self.spreads[key] = {
+                name: _std([r["summary"].get(name) for r in group]) for name in ("objective", "test_error")
             }
             self.runs[key] = len(group)
         self.settings: list[Setting] = sorted(
@@ -96,13 +101,32 @@ class Finals:
     def value(self, setting: Setting, method: str, key: str) -> float:
         return self.values.get((setting, method), {}).get(key, math.nan)
 
+    def spread(self, setting: Setting, method: str, key: str) -> float:
+        """The standard deviation over the seeds of ``key`` (0 for one seed; nan where not kept)."""
+        return self.spreads.get((setting, method), {}).get(key, math.nan)
+
     def complete(self, setting: Setting, methods: list[str], key: str) -> bool:
         return all(math.isfinite(self.value(setting, m, key)) for m in methods)
 
+    def within_spread(self, setting: Setting, a: str, b: str, key: str) -> bool:
+        """Whether the seed means of ``a`` and ``b`` differ by less than the larger seed std."""
+        spread = max(self.spread(setting, a, key), self.spread(setting, b, key))
+        return spread > 0 and abs(self.value(setting, a, key) - self.value(setting, b, key)) < spread
+
+
+def _finite(values: list[Any]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
 
 def _mean(values: list[Any]) -> float:
-    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    finite = _finite(values)
     return float(np.mean(finite)) if finite else math.nan
+
+
+def _std(values: list[Any]) -> float:
+    """The seeds' standard deviation (population, as the tables' +/-)."""
+    finite = _finite(values)
+    return float(np.std(finite)) if finite else math.nan
 
 
 def _log_area(group: list[dict[str, Any]]) -> float:
@@ -156,7 +180,8 @@ def _extreme(method: str, key: str, methods: list[str], lowest_wins: bool) -> Ch
             rival = pick(others, key=others.get)
             mine = finals.value(setting, method, key)
             flags.append(mine < others[rival] if lowest_wins else mine > others[rival])
-            details.append(f"{_setting_text(setting)}: {_g(mine)} vs {_g(others[rival])} ({_short(rival)})")
+            tie = " (within the seeds' std)" if finals.within_spread(setting, method, rival, key) else ""
+            details.append(f"{_setting_text(setting)}: {_g(mine)} vs {_g(others[rival])} ({_short(rival)}){tie}")
         return _tally(flags, details, missing)
 
     return check
