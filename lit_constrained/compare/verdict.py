@@ -13,8 +13,9 @@ rate) that has all the methods it needs; a claim about every setting is
 "Loss" is the full objective (all training points) at the weights reached at the end of an epoch
 (``val_objective`` of the records); the final value is that of the last validated epoch; mini-batch
 values are means over the seeds; a comparison whose two means differ by less than the larger of their
-seeds' standard deviations is marked "(within the seeds' std)" (the verdict still counts it). The claims are checked with the paper's rho (Adam(unc) has none)
-and, where the records have them, again with rho = "full" for the constrained methods.
+seeds' standard deviations is marked "(within the seeds' std)" (the verdict still counts it). The
+claims are checked with the paper's rho (Adam(unc) has none) and, where the records have them, again
+with rho = "full" for the constrained methods.
 """
 
 from __future__ import annotations
@@ -310,7 +311,7 @@ CLAIMS: dict[str, list[Claim]] = {
               "measured: test relative L2 error on held-out nu, lowest per setting",
               lowest("sqp_adam", "test_error")),
         Claim("Figure 7", "strong relative performance by SQP-Adam(con) (among the methods that impose the "
-              "constraints)", f"SQP-Adam(con) lowest of the three constrained methods; Adam(unc) left out, "
+              "constraints)", "SQP-Adam(con) lowest of the three constrained methods; Adam(unc) left out, "
               f"it only penalizes the residuals (measured: {_LOSS})",
               lowest("sqp_adam", "objective", CONSTRAINED)),
     ],
