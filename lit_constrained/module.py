@@ -15,9 +15,9 @@ from __future__ import annotations
 import io
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -31,15 +31,19 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from .batch import cast_floats, clone_tensors
 from .class_spec import TRUSTED_MODULES, SpecFactory, as_class_spec, check_trusted
-from .optim.jacobian import JacobianMethod, constraint_jacobian
+from .imposed import Imposed, PartLayout, check_parts, concatenate_parts, imposed_values, part_layout, split_parts
+from .optim.jacobian import constraint_jacobian
+from .optim.pointwise import PointwiseJacobian
 from .callbacks.monitoring import (
     DIAGNOSTICS, OBJECTIVE, REDUNDANT_DIAGNOSTICS, RESIDUAL, VIOLATION, VaryingScalars, headline_tags, log_figure,
-    run_hparams, scalar_layout, tag, tensorboard_writers, write_scalars, write_summary, write_text,
+    part_tag, run_hparams, scalar_layout, tag, tensorboard_writers, write_scalars, write_summary, write_text,
 )
 from .metrics.functional import violation_max
 from .optim.checks import check_constraints, check_objective
 from .stepping import NonFinitePolicy, StepResult, StepServices, TrainingStepper
 
+JacobianMethod = Literal["auto", "pointwise", "batched", "loop"]
+"""How :meth:`ConstrainedModule.constraint_jacobian` differentiates c (see its ``jacobian_method``)."""
 
 DEFAULT_OPTIMIZER: dict[str, Any] = {"class_path": "lit_constrained.optim.SQPAdam", "init_args": {}}
 """The optimizer when none is given: SQP-Adam with the class's defaults (lr = 1e-3, the full normal
@@ -124,7 +128,13 @@ class ConstrainedModule(pl.LightningModule, ABC):
         max_grad_norm: clip the objective gradient's global 2-norm to this before the step, through
             Lightning's ``clip_gradients(optimizer, max_grad_norm, "norm")`` (use this instead of the
             Trainer's ``gradient_clip_val``, which manual optimization does not support).
-        jacobian_method: ``"auto"`` | ``"batched"`` | ``"loop"`` for the default Jacobian.
+        jacobian_method: how the default :meth:`constraint_jacobian` differentiates c.
+            ``"auto"`` (default): ``"pointwise"`` when the task declares :meth:`imposed` (and keeps
+            the default :meth:`constraints`), else the general autograd Jacobian (its own ``"auto"``:
+            batched, falling back to the row loop). ``"pointwise"``: the per-point engine over the
+            imposed parts (:mod:`lit_constrained.optim.pointwise`: linear in m). ``"batched"`` /
+            ``"loop"``: the general autograd Jacobian of any c (O(m^2) for per-point constraints;
+            the path for coupled constraints, whose rows depend on many points).
         num_threads: ``torch.set_num_threads`` at setup (small problems run faster on 1 thread).
     """
 
@@ -154,7 +164,14 @@ class ConstrainedModule(pl.LightningModule, ABC):
         # the hyper-parameters (checkpoint, logger) hold the plain specs, never the callables
         for hparams in (self._hparams, self._hparams_initial):
             hparams["optimizer"], hparams["lr_scheduler"] = optimizer_spec, lr_scheduler_spec
+        if jacobian_method not in ("auto", "pointwise", "batched", "loop"):
+            raise ValueError(
+                f"jacobian_method must be 'auto', 'pointwise', 'batched' or 'loop', got {jacobian_method!r}."
+            )
         self.jacobian_method = jacobian_method
+        self.pointwise_jacobian = PointwiseJacobian()
+        """The per-point Jacobian engine (remembers per residual whether it runs under torch.func)."""
+        self._imposed_layout: tuple[PartLayout, ...] | None = None
         self.num_threads = num_threads
         self.lr_scheduler_monitor = tag(OBJECTIVE, "val") if lr_scheduler_monitor is None else lr_scheduler_monitor
         self.stepper = TrainingStepper(penalty_weight, on_nonfinite, max_grad_norm, max_consecutive_skips)
@@ -165,9 +182,30 @@ class ConstrainedModule(pl.LightningModule, ABC):
     def objective(self, batch: Any) -> Tensor:
         """The scalar objective f on ``batch`` (to be minimized); every task implements it."""
 
-    def constraints(self, batch: Any) -> Tensor | None:
-        """The 1-D tensor of m residuals that must vanish (None: no constraints)."""
+    def imposed(self, batch: Any) -> Mapping[str, Imposed] | None:
+        """The hard constraints as named per-point parts (None, the default: the task overrides
+        :meth:`constraints` instead, or has none).
+
+        Return e.g. ``{"pde": Imposed(self.pde_residual, batch["x_pde"]), "boundary":
+        Imposed(self.boundary_residual, self.x_bc)}``: each residual maps points (N, d) to (N,) or
+        (N, k), row i depending only on point i (:class:`~lit_constrained.imposed.Imposed`). Then the
+        default :meth:`constraints` is their concatenation, the default :meth:`constraint_jacobian`
+        is computed point by point (linear in m; ``jacobian_method="auto"``), and with two parts or
+        more each part's max |c| is logged on its own (``Violation/<name>/<stage>``).
+        """
         return None
+
+    def constraints(self, batch: Any) -> Tensor | None:
+        """The 1-D tensor of m residuals that must vanish (None: no constraints).
+
+        Default: the parts of :meth:`imposed`, each ``residual(points)`` flattened row-major over
+        (N, k), concatenated in order (None when it declares none)."""
+        parts = self.imposed(batch)
+        if parts is None:
+            return None
+        values = imposed_values(parts)
+        self._imposed_layout = part_layout(values)
+        return concatenate_parts(values)
 
     def validation_constraints(self, batch: Any) -> Tensor | None:
         """Residuals reported at validation/test (default: the training constraints).
@@ -205,11 +243,49 @@ class ConstrainedModule(pl.LightningModule, ABC):
         rows ``rows`` (a contiguous slice of the m constraints: shape (len(rows), n)).
 
         Under data parallelism with :attr:`constraints_shared`, each rank asks only for its share of
-        the rows (``constraints`` is still the full c). Override for a faster problem-specific
-        Jacobian (e.g. a per-sample ``vmap``), honouring ``rows`` (an override without a ``rows``
-        argument still works: its full J is then sliced, so each rank repeats all m rows).
+        the rows (``constraints`` is still the full c). By :attr:`jacobian_method`: the per-point
+        engine over :meth:`imposed` (``"pointwise"``; ``"auto"`` for a task that declares it), else
+        the general autograd Jacobian of ``constraints``. Override for a faster problem-specific
+        Jacobian, honouring ``rows`` (an override without a ``rows`` argument still works: its full
+        J is then sliced, so each rank repeats all m rows).
         """
+        if self._uses_pointwise_jacobian():
+            return self._imposed_jacobian(batch, constraints, params, rows)
         return constraint_jacobian(constraints, params, method=self.jacobian_method, rows=rows)
+
+    def _declares_imposed(self) -> bool:
+        return type(self).imposed is not ConstrainedModule.imposed
+
+    def _uses_pointwise_jacobian(self) -> bool:
+        """``"pointwise"``, or ``"auto"`` with :meth:`imposed` declared and the default constraints."""
+        if self.jacobian_method == "pointwise":
+            if not self._declares_imposed():
+                raise ValueError(
+                    f"jacobian_method='pointwise' needs {type(self).__name__}.imposed() (the per-point parts to "
+                    "differentiate); declare it, or use jacobian_method='auto'."
+                )
+            return True
+        return (self.jacobian_method == "auto" and self._declares_imposed()
+                and type(self).constraints is ConstrainedModule.constraints)
+
+    def _imposed_jacobian(
+        self, batch: Any, constraints: Tensor, params: Sequence[Tensor], rows: slice | None
+    ) -> Tensor:
+        """J of the imposed parts by the per-point engine, in the dtype of ``constraints``."""
+        parts = self.imposed(batch)
+        if parts is None:
+            raise ValueError(f"{type(self).__name__}.imposed() returned None, but constraints() returned a tensor.")
+        check_parts(parts)
+        layout = self._imposed_layout
+        if layout is None or [p.name for p in layout] != list(parts) or sum(p.size for p in layout) != constraints.numel():
+            layout = part_layout(imposed_values(parts))  # constraints() was overridden: read the widths anew
+        if sum(p.size for p in layout) != constraints.numel():
+            raise ValueError(
+                f"{type(self).__name__}.constraints() has {constraints.numel()} entries but imposed() declares "
+                f"{sum(p.size for p in layout)}: with the pointwise Jacobian they must be the same residuals."
+            )
+        specs = [(part.residual, part.points, piece.width) for part, piece in zip(parts.values(), layout)]
+        return self.pointwise_jacobian(self, params, specs, rows=rows, dtype=constraints.dtype)
 
     # ----------------------------------------------------------------- Lightning hooks
     def setup(self, stage: str) -> None:
@@ -320,7 +396,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
         return bool(n) and (self._step_index() + 1) % n == 0
 
     def _has_constraints(self) -> bool:
-        return type(self).constraints is not ConstrainedModule.constraints
+        return type(self).constraints is not ConstrainedModule.constraints or self._declares_imposed()
 
     def _has_residual(self) -> bool:
         """Whether validation_constraints() measures more than the imposed constraints."""
@@ -414,12 +490,29 @@ class ConstrainedModule(pl.LightningModule, ABC):
             self.log(tag(OBJECTIVE, "train"), result.objective, prog_bar=True)
             if has_constraints:
                 self.log(tag(VIOLATION, "train"), violation_max(c), prog_bar=True)
+                for key, value in self._part_violations(c, "train").items():
+                    self.log(key, value)
             self._log_diagnostics()
         elif self._step_index() == 0:
             start = {tag(OBJECTIVE, "train"): float(result.objective)}
             if has_constraints:
                 start[tag(VIOLATION, "train")] = float(violation_max(c))
+                start.update({k: float(v) for k, v in self._part_violations(c, "train").items()})
             write_scalars(self.trainer, start, step=0)
+
+    def _part_violations(self, c: Tensor, stage: str) -> dict[str, Tensor]:
+        """``Violation/<name>/<stage>``: max |c| of each imposed part, for a task with two parts or more
+        (one part's is ``Violation/<stage>`` itself). ``c`` is the imposed vector of the last
+        :meth:`constraints` call, or W of them stacked (per-rank constraints: the union's parts)."""
+        layout = self._imposed_layout
+        if layout is None or len(layout) < 2 or c is None:
+            return {}
+        m = sum(part.size for part in layout)
+        if m == 0 or c.numel() % m:
+            return {}
+        ranks = c.detach().reshape(-1, m)
+        return {part_tag(VIOLATION, part.name, stage): violation_max(ranks[:, part.offset:part.offset + part.size])
+                for part in layout}
 
     def _log_diagnostics(self) -> None:
         """The optimizer's step diagnostics (0-dim values) and lr, under ``optim/<name>``, each only
@@ -471,6 +564,8 @@ class ConstrainedModule(pl.LightningModule, ABC):
         self.log(tag(OBJECTIVE, stage), f, sync_dist=True, batch_size=1)
         if c is not None and c.numel():
             self.log(tag(VIOLATION, stage), violation_max(c), sync_dist=True, reduce_fx="max", batch_size=1)
+            for key, value in self._part_violations(c, stage).items():
+                self.log(key, value, sync_dist=True, reduce_fx="max", batch_size=1)
         if r is not None and r.numel():
             self.log(tag(RESIDUAL, stage), violation_max(r), sync_dist=True, reduce_fx="max", batch_size=1)
         for key, value in metrics.items():
@@ -506,7 +601,10 @@ class ConstrainedModule(pl.LightningModule, ABC):
                     for key, value in {tag(OBJECTIVE, "val"): f, **{f"val/{k}": v for k, v in metrics.items()}}.items():
                         value = torch.as_tensor(value, dtype=torch.float64, device=f.device)
                         sums[key] = sums.get(key, 0.0) + value
-                    for key, value in ((tag(VIOLATION, "val"), c), (tag(RESIDUAL, "val"), r)):
+                    peaks = {tag(VIOLATION, "val"): c, tag(RESIDUAL, "val"): r}
+                    if c is not None:
+                        peaks.update(self._part_violations(c, "val"))
+                    for key, value in peaks.items():
                         if value is not None and value.numel():
                             peak = violation_max(value).double()
                             maxima[key] = torch.maximum(maxima[key], peak) if key in maxima else peak

@@ -9,6 +9,9 @@ Tag families (one name, one meaning):
                          mean over the evaluation batches.
 ``Violation/<stage>``    :math:`\\max_i |c_i|` of the m IMPOSED constraints (``constraints(batch)``);
                          ``val``/``test``: at the evaluated weights, the max over the batches.
+``Violation/<part>/<s>`` the same over one part of a task's ``imposed()`` (e.g.
+                         ``Violation/pde/train``, ``Violation/boundary/val``), for a task that
+                         imposes two parts or more (one part's is ``Violation/<stage>`` itself).
 ``residual/<stage>``     :math:`\\max |r|` over every point of ``validation_constraints(batch)``
                          (e.g. all collocation points), only for a task that overrides it.
 ``<stage>/<name>``       the task's ``evaluation_metrics`` (e.g. ``val/mse``).
@@ -34,7 +37,7 @@ from typing import Any
 
 
 __all__ = [
-    "OBJECTIVE", "VIOLATION", "RESIDUAL", "DIAGNOSTICS", "FIGURE", "tag", "headline_tags", "scalar_layout",
+    "OBJECTIVE", "VIOLATION", "RESIDUAL", "DIAGNOSTICS", "FIGURE", "tag", "part_tag", "headline_tags", "scalar_layout",
     "run_hparams", "VaryingScalars", "tensorboard_writers", "write_scalars", "write_summary", "log_figure",
     "REDUNDANT_DIAGNOSTICS", "write_text", "small_figure", "run_name", "next_version", "default_logger",
 ]
@@ -55,6 +58,12 @@ REDUNDANT_DIAGNOSTICS = frozenset({"violation_max", "violation_ratio", "step_nor
 def tag(family: str, stage: str) -> str:
     """``"<family>/<stage>"``, e.g. ``tag(VIOLATION, "val") == "Violation/val"``."""
     return f"{family}/{stage}"
+
+
+def part_tag(family: str, part: str, stage: str) -> str:
+    """``"<family>/<part>/<stage>"``, e.g. ``part_tag(VIOLATION, "pde", "val") == "Violation/pde/val"``:
+    a quantity of one imposed part (the stage last, so the part's train and val sit side by side)."""
+    return f"{family}/{part}/{stage}"
 
 
 def headline_tags(has_constraints: bool, has_residual: bool, stages: Iterable[str] = ("train", "val")) -> list[str]:

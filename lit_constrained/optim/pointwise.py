@@ -1,0 +1,271 @@
+r"""The Jacobian of per-point residuals, point by point: linear in the number of imposed points.
+
+A per-point residual :math:`r : (N, d) \to (N, k)` (row i depends only on point :math:`x_i`) imposed
+at N points gives :math:`m = N k` constraints :math:`c_{ik} = r(x_i)_k`. Its Jacobian w.r.t. the
+parameters :math:`\theta` is a stack of per-point Jacobians,
+
+.. math::
+
+    J = \begin{pmatrix} \partial_\theta r(\theta; x_1) \\ \vdots \\ \partial_\theta r(\theta; x_N)
+    \end{pmatrix} \in \mathbb{R}^{N k \times n},
+
+each the Jacobian of ONE small evaluation, so J costs O(N) evaluations and backward passes of one
+point. The general autograd Jacobian (:func:`~lit_constrained.optim.jacobian.constraint_jacobian`)
+instead runs one backward of the whole graph of c per row: O(m^2).
+
+Two paths, chosen per residual and remembered (:class:`PointwiseJacobian`):
+
+* ``"func"`` (fast): ``torch.func``: the residual evaluated on ONE point with functional parameters
+  (``functional_call``), ``jacrev`` w.r.t. the parameters, ``vmap`` over the points. Residuals whose
+  input derivatives are ``torch.func`` transforms (``jvp``, ``jacfwd``, ``hessian``, ...; the
+  operators of :mod:`lit_constrained.physics`) run here, second order included.
+* ``"autograd"`` (fallback): residuals that cannot run inside ``torch.func`` transforms (input
+  derivatives by ``torch.autograd.grad``, custom ``autograd.Function`` s without a vmap rule) are
+  evaluated on chunks of C points, each chunk its own small graph, and that chunk's C k rows come
+  from one batched ``torch.autograd.grad`` (``is_grads_batched``) over the chunk's graph: O(m C)
+  work, still linear in m, but C times the work of the ``"func"`` path per row.
+
+Both fill J in chunks of points whose size follows a memory budget (:func:`chunk_points`), directly
+into the output (no concatenation of pieces). Pure PyTorch: no Lightning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, jacrev, vmap
+
+from .flat import block_sizes, numel_real, real_view
+from .jacobian import _parameter_names, _row_range, constraint_jacobian
+
+__all__ = ["PointwiseJacobian", "PointwisePath", "chunk_points", "pointwise_jacobian"]
+
+PointwisePath = Literal["auto", "func", "autograd"]
+
+DEFAULT_MEMORY_BUDGET = 64 * 2**20
+"""Bytes of workspace one chunk of points may take (besides J itself): 64 MiB."""
+
+FALLBACK_MAX_CHUNK = 32
+"""The largest chunk of the ``"autograd"`` path: its work per row grows with the chunk (O(m C))."""
+
+Residual = Callable[[Tensor], Tensor]
+
+
+def chunk_points(width: int, n: int, itemsize: int, memory_budget: int, path: str = "func") -> int:
+    r"""How many points one chunk takes so that its workspace stays within ``memory_budget`` bytes.
+
+    A chunk of C points makes :math:`C k` rows of n numbers; the estimate counts three such blocks
+    (the per-parameter Jacobian pieces, their batched backward's workspace, and the copy into J):
+    :math:`C = \lfloor B / (3 C k n s) \rfloor` with s the bytes of a number, at least 1. The
+    ``"autograd"`` path is capped at :data:`FALLBACK_MAX_CHUNK` (its work per row is O(C)).
+    """
+    per_point = 3 * max(width, 1) * max(n, 1) * itemsize
+    size = max(1, int(memory_budget // per_point))
+    return min(size, FALLBACK_MAX_CHUNK) if path == "autograd" else size
+
+
+class _Reparametrized(nn.Module):
+    """Calls ``residual`` with ``module`` registered as a submodule, so that ``functional_call`` on
+    this wrapper swaps the module's parameters (``"module.<name>"``) for the duration of the call:
+    the public way to evaluate ANY function of the module (not only its ``forward``) functionally."""
+
+    def __init__(self, module: nn.Module, residual: Residual) -> None:
+        super().__init__()
+        self.module = module
+        self.residual = residual
+
+    def forward(self, points: Tensor) -> Tensor:
+        return self.residual(points)
+
+
+def _param_keys(module: nn.Module, params: Sequence[Tensor]) -> list[str]:
+    return [f"module.{name}" for name in _parameter_names(module, params)]
+
+
+def _func_rows(
+    module: nn.Module, params: Sequence[Tensor], residual: Residual, points: Tensor, width: int,
+    out: Tensor, chunk: int,
+) -> None:
+    """The ``"func"`` path: ``out[i k + j] = d r(x_i)_j / d theta``, ``vmap`` over chunks of points of
+    ``jacrev`` of the one-point residual (parameters as their real views; complex ones re-viewed)."""
+    wrapper = _Reparametrized(module, residual)
+    keys = _param_keys(module, params)
+    is_complex = [p.is_complex() for p in params]
+    theta = tuple(real_view(p).detach() for p in params)
+    sizes = block_sizes(params)
+
+    def at_point(real_params: tuple[Tensor, ...], x: Tensor) -> Tensor:
+        values = {key: torch.view_as_complex(t) if cplx else t for key, t, cplx in zip(keys, real_params, is_complex)}
+        return functional_call(wrapper, values, (x[None],)).reshape(-1)
+
+    per_point = vmap(jacrev(at_point), in_dims=(None, 0))
+    for start in range(0, points.shape[0], chunk):
+        x = points[start:start + chunk]
+        grads = per_point(theta, x)  # per parameter: (C, k, *shape)
+        rows = out[start * width:(start + x.shape[0]) * width]
+        column = 0
+        for g, size in zip(grads, sizes):
+            if g.shape[1] != width:
+                raise ValueError(f"the residual returned {g.shape[1]} values for one point, expected {width}.")
+            rows[:, column:column + size].copy_(g.reshape(-1, size))
+            column += size
+
+
+def _autograd_rows(
+    params: Sequence[Tensor], residual: Residual, points: Tensor, width: int, out: Tensor, chunk: int
+) -> None:
+    """The ``"autograd"`` path: each chunk of points evaluated as an ordinary batch (its own graph),
+    its rows by :func:`~lit_constrained.optim.jacobian.constraint_jacobian` (one batched backward)."""
+    for start in range(0, points.shape[0], chunk):
+        x = points[start:start + chunk]
+        with torch.enable_grad():
+            values = residual(x).reshape(-1)
+        if values.numel() != x.shape[0] * width:
+            raise ValueError(f"the residual returned {values.numel()} values for {x.shape[0]} points, expected "
+                             f"{x.shape[0] * width}.")
+        out[start * width:(start + x.shape[0]) * width].copy_(constraint_jacobian(values, params))
+
+
+def _why(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).strip().splitlines()[0][:160]}" if str(error).strip() else type(error).__name__
+
+
+@dataclass
+class PointwiseJacobian:
+    """The per-point Jacobian engine, remembering per residual which path works.
+
+    Args:
+        path: ``"auto"`` (try ``"func"`` once per residual; if the residual fails inside
+            ``torch.func`` transforms, use ``"autograd"`` for it from then on, saying so once),
+            ``"func"`` or ``"autograd"`` (forced).
+        memory_budget: bytes of workspace one chunk of points may take (:func:`chunk_points`).
+        chunk_size: a fixed number of points per chunk (overrides the budget).
+
+    ``paths`` maps each residual seen to the path it uses (``"func"`` or ``"autograd"``).
+    """
+
+    path: PointwisePath = "auto"
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
+    chunk_size: int | None = None
+    paths: dict[Residual, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.path not in ("auto", "func", "autograd"):
+            raise ValueError(f"path must be 'auto', 'func' or 'autograd', got {self.path!r}.")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive number of points (or None), got {self.chunk_size}.")
+        if self.memory_budget <= 0:
+            raise ValueError(f"memory_budget must be a positive number of bytes, got {self.memory_budget}.")
+
+    def _chunk(self, width: int, n: int, itemsize: int, path: str) -> int:
+        if self.chunk_size is not None:
+            return self.chunk_size
+        return chunk_points(width, n, itemsize, self.memory_budget, path)
+
+    def part(
+        self, module: nn.Module, params: Sequence[Tensor], residual: Residual, points: Tensor, width: int,
+        out: Tensor,
+    ) -> None:
+        """Fill ``out`` (N k, n) with the Jacobian of ``residual`` at ``points`` (N, d)."""
+        points = points.detach()
+        n, itemsize = out.shape[1], out.element_size()
+        path = self.paths.get(residual, self.path)
+        if path in ("auto", "func"):
+            try:
+                with torch.no_grad():  # torch.func differentiates by itself: no outer graph
+                    _func_rows(module, params, residual, points, width, out, self._chunk(width, n, itemsize, "func"))
+                self.paths[residual] = "func"
+                return
+            except Exception as error:  # noqa: BLE001 -- which ops fail inside torch.func is open-ended
+                if path == "func":
+                    raise
+                _announce_fallback(residual, error)
+        self.paths[residual] = "autograd"
+        _autograd_rows(params, residual, points, width, out, self._chunk(width, n, itemsize, "autograd"))
+
+    def __call__(
+        self,
+        module: nn.Module,
+        params: Sequence[Tensor],
+        parts: Sequence[tuple[Residual, Tensor, int]],
+        rows: slice | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Tensor:
+        r"""J of the concatenated parts (:mod:`lit_constrained.imposed`'s layout), or its rows ``rows``.
+
+        Args:
+            module: the module whose parameters the residuals use (by attribute, e.g. ``self.net``).
+            params: the parameters, in the optimizer's flat order (each a parameter of ``module``).
+            parts: ``(residual, points, k)`` per part, in order: part p gives rows
+                :math:`o_p + i k + j` for its point i and component j.
+            rows: only these rows (a contiguous slice: a rank's share under data parallelism); only
+                the points those rows touch are differentiated.
+            dtype: of J (default: the parameters' real dtype).
+        """
+        params = list(params)
+        m = sum(points.shape[0] * k for _, points, k in parts)
+        start, stop = _row_range(rows, m)
+        n = numel_real(params)
+        if dtype is None:
+            dtype = real_view(params[0]).dtype if params else torch.get_default_dtype()
+        device = params[0].device if params else (parts[0][1].device if parts else None)
+        J = torch.empty(stop - start, n, dtype=dtype, device=device)
+        offset = 0
+        for residual, points, k in parts:
+            size = points.shape[0] * k
+            lo, hi = max(start, offset), min(stop, offset + size)  # this part's share of the rows
+            if lo < hi:
+                first, last = (lo - offset) // k, -(-(hi - offset) // k)  # the points those rows touch
+                block = J[lo - start:hi - start]
+                exact = (lo - offset) % k == 0 and (hi - offset) % k == 0
+                target = block if exact else J.new_empty((last - first) * k, n)
+                self.part(module, params, residual, points[first:last], k, target)
+                if not exact:
+                    skip = lo - offset - first * k
+                    block.copy_(target[skip:skip + hi - lo])
+            offset += size
+        return J
+
+
+def _residual_name(residual: Residual) -> str:
+    owner = getattr(residual, "__self__", None)
+    name = getattr(residual, "__qualname__", None) or type(residual).__name__
+    return name if owner is None or "." in name else f"{type(owner).__name__}.{name}"
+
+
+def _announce_fallback(residual: Residual, error: BaseException) -> None:
+    """Say why a residual takes the slower path (once: the engine then remembers its path)."""
+    name = _residual_name(residual)
+    warnings.warn(
+        f"The imposed residual {name} cannot run inside torch.func transforms ({_why(error)}); its Jacobian "
+        "uses chunked autograd instead: linear in m, but each row costs a backward through a chunk of "
+        f"up to {FALLBACK_MAX_CHUNK} points instead of one. Write its input derivatives with "
+        "lit_constrained.physics operators or torch.func (jvp/jacfwd/hessian) for the fast path.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def pointwise_jacobian(
+    module: nn.Module,
+    params: Sequence[Tensor],
+    residual: Residual,
+    points: Tensor,
+    rows: slice | None = None,
+    path: PointwisePath = "auto",
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """J of ONE per-point residual at ``points`` (N, d): ``(N k, n)``, or its rows ``rows``.
+
+    A one-off :class:`PointwiseJacobian` (the path is found anew: keep an engine to remember it).
+    ``k`` is read from the residual at the first point."""
+    with torch.enable_grad():
+        k = residual(points[:1].detach()).reshape(-1).numel() if points.shape[0] else 1
+    engine = PointwiseJacobian(path, memory_budget, chunk_size)
+    return engine(module, params, [(residual, points, k)], rows)
