@@ -1,0 +1,299 @@
+r"""Differential operators of a pointwise field with respect to its input coordinates.
+
+A *field* is a function ``u_fn`` of a batch of points ``x`` of shape (N, d) whose row i depends only
+on ``x[i]``: an MLP, ``lambda x: net(x)[:, 0]``, an exact solution. Its output is (N,) (a scalar
+field) or (N, k) (k components); every operator keeps that trailing shape:
+
+.. math::
+
+    \partial_i u(x_n) = \frac{\partial u}{\partial x_i}(x_n), \qquad
+    \partial_{ij} u = \frac{\partial^2 u}{\partial x_i \partial x_j}, \qquad
+    \nabla u = (\partial_1 u, \dots, \partial_d u), \qquad
+    \Delta u = \sum_{i \in D} \partial_{ii} u, \qquad
+    \nabla \cdot v = \sum_{i \in D} \partial_i v_i .
+
+Everything is built on :mod:`torch.func`: the field is evaluated one point at a time (a batch of ONE
+point, shape (1, d)) under ``vmap`` over the N points, and differentiated by ``jvp`` (directional
+derivatives along the unit vectors :math:`e_i`, nested for higher orders), ``jacrev`` (gradients) and
+``jacfwd(jacrev)`` (Hessians). Hence the operators
+
+* are differentiable by ordinary autograd with respect to whatever the field depends on (the network's
+  weights: the objective's backward, the constraint Jacobian, second derivatives w.r.t. the weights),
+  with no ``requires_grad`` / ``create_graph`` to remember; and
+* work INSIDE torch.func transforms (``vmap`` / ``jacrev`` over points with functional parameters),
+  where ``torch.autograd.grad`` with respect to the inputs does not.
+
+Coordinates are named by index (negative counts from the last) or by name: ``names`` defaults to
+``("x",)``, ``("x", "y")`` or ``("x", "y", "z")`` for d = 1, 2, 3; a space-time problem passes its own,
+e.g. ``names=("x", "t")``.
+
+:func:`derivatives` evaluates the value, gradient and (optionally) Hessian in ONE composed transform
+and answers every operator from them, so a residual that needs several terms runs the network once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.func import jacfwd, jacrev, jvp, vmap
+
+__all__ = [
+    "Coordinate",
+    "FieldDerivatives",
+    "coordinate_index",
+    "default_names",
+    "derivatives",
+    "divergence",
+    "gradient",
+    "hessian",
+    "laplacian",
+    "partial",
+    "time_derivative",
+]
+
+Field = Callable[[Tensor], Tensor]
+"""A pointwise field: points (N, d) -> values (N,) or (N, k); row i depends only on point i."""
+
+Coordinate = int | str
+"""A coordinate: its index in the points' last dimension (negative counts from the end) or its name."""
+
+_DEFAULT_NAMES = ("x", "y", "z")
+
+
+def default_names(dim: int) -> tuple[str, ...]:
+    """``("x",)``, ``("x", "y")``, ``("x", "y", "z")`` for d = 1, 2, 3 (``()`` beyond: pass names)."""
+    return _DEFAULT_NAMES[:dim] if dim <= len(_DEFAULT_NAMES) else ()
+
+
+def coordinate_index(wrt: Coordinate, dim: int, names: Sequence[str] | None = None) -> int:
+    """The index in ``[0, dim)`` of the coordinate ``wrt`` (an index or a name of ``names``)."""
+    if isinstance(wrt, bool):
+        raise TypeError(f"A coordinate is an index or a name, got the bool {wrt!r}.")
+    if isinstance(wrt, int):
+        if not -dim <= wrt < dim:
+            raise IndexError(f"Coordinate index {wrt} is out of range for points with d = {dim} coordinates.")
+        return wrt % dim
+    if isinstance(wrt, str):
+        known = tuple(names) if names is not None else default_names(dim)
+        if names is not None and len(known) != dim:
+            raise ValueError(f"names={known} has {len(known)} names for points with d = {dim} coordinates.")
+        if wrt not in known:
+            hint = f"one of {known}" if known else "an index (no default names for d > 3)"
+            raise ValueError(f"Unknown coordinate {wrt!r}: use {hint}, or pass names=(...) naming all {dim}.")
+        return known.index(wrt)
+    raise TypeError(f"A coordinate is an index or a name, got {type(wrt).__name__} {wrt!r}.")
+
+
+def _check_points(x: Tensor) -> int:
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"Points must be a tensor of shape (N, d), got {shape}; a single point is x[None].")
+    if not x.is_floating_point():
+        raise TypeError(f"Points must be floating point (derivatives are taken w.r.t. them), got {x.dtype}.")
+    return int(x.shape[1])
+
+
+def _at_one_point(u_fn: Field) -> Callable[[Tensor], Tensor]:
+    """``z (d,) -> u_fn(z[None])[0]``: the field at one point (shape () or (k,))."""
+
+    def value(z: Tensor) -> Tensor:
+        out = u_fn(z.unsqueeze(0))
+        if not isinstance(out, Tensor) or out.dim() == 0 or out.shape[0] != 1:
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(f"A field maps points (N, d) to values (N,) or (N, k); for N = 1 it returned {got}.")
+        return out[0]
+
+    return value
+
+
+def _directional(fn: Callable[[Tensor], Tensor], direction: Tensor) -> Callable[[Tensor], Tensor]:
+    """``z -> d/ds fn(z + s e)|_{s=0}``, a forward-mode (``jvp``) directional derivative."""
+    return lambda z: jvp(fn, (z,), (direction,))[1]
+
+
+def _unit(index: int, like: Tensor) -> Tensor:
+    return torch.eye(like.shape[-1], dtype=like.dtype, device=like.device)[index]
+
+
+def _wrt_indices(wrt: Coordinate | Sequence[Coordinate], order: int, dim: int, names: Sequence[str] | None) -> list[int]:
+    """The coordinate of every derivative: ``("x", "y")`` (mixed) or ``wrt`` repeated ``order`` times."""
+    if isinstance(wrt, (int, str)):
+        if not isinstance(order, int) or isinstance(order, bool) or order < 1:
+            raise ValueError(f"order must be an integer >= 1, got {order!r}.")
+        return [coordinate_index(wrt, dim, names)] * order
+    coordinates = list(wrt)
+    if not coordinates:
+        raise ValueError("wrt is empty: name at least one coordinate.")
+    if order != 1:
+        raise ValueError(f"Give either a sequence wrt={tuple(coordinates)} (one entry per derivative) or order, not both.")
+    return [coordinate_index(c, dim, names) for c in coordinates]
+
+
+def partial(
+    u_fn: Field,
+    x: Tensor,
+    wrt: Coordinate | Sequence[Coordinate],
+    order: int = 1,
+    names: Sequence[str] | None = None,
+) -> Tensor:
+    r"""A partial derivative of ``u_fn`` at the points ``x`` (N, d); shape (N,) or (N, k) as ``u_fn``.
+
+    ``partial(u, x, "x")`` is :math:`\partial u / \partial x`, ``partial(u, x, 0, order=2)``
+    :math:`\partial^2 u / \partial x_0^2`, ``partial(u, x, ("x", "y"))`` the mixed
+    :math:`\partial^2 u / \partial x \partial y` (one forward-mode ``jvp`` per derivative).
+    """
+    dim = _check_points(x)
+    fn = _at_one_point(u_fn)
+    for index in _wrt_indices(wrt, order, dim, names):
+        fn = _directional(fn, _unit(index, x))
+    return vmap(fn)(x)
+
+
+def time_derivative(
+    u_fn: Field, x: Tensor, time: Coordinate = -1, order: int = 1, names: Sequence[str] | None = None
+) -> Tensor:
+    r""":math:`\partial^{order} u / \partial t^{order}`, t being the coordinate ``time`` (default: the last)."""
+    return partial(u_fn, x, time, order, names)
+
+
+def gradient(u_fn: Field, x: Tensor) -> Tensor:
+    r""":math:`\nabla u` at the points ``x`` (N, d): shape (N, d), or (N, k, d) for k components."""
+    _check_points(x)
+    return vmap(jacrev(_at_one_point(u_fn)))(x)
+
+
+def hessian(u_fn: Field, x: Tensor) -> Tensor:
+    r"""The Hessian :math:`\partial_{ij} u` at the points ``x`` (N, d): shape (N, d, d) or (N, k, d, d)."""
+    _check_points(x)
+    return vmap(jacfwd(jacrev(_at_one_point(u_fn))))(x)
+
+
+def _dims(dims: Sequence[Coordinate] | None, dim: int, names: Sequence[str] | None) -> list[int]:
+    if dims is None:
+        return list(range(dim))
+    indices = [coordinate_index(c, dim, names) for c in dims]
+    if not indices or len(set(indices)) != len(indices):
+        raise ValueError(f"dims must name distinct coordinates, got {tuple(dims)}.")
+    return indices
+
+
+def laplacian(
+    u_fn: Field, x: Tensor, dims: Sequence[Coordinate] | None = None, names: Sequence[str] | None = None
+) -> Tensor:
+    r""":math:`\Delta u = \sum_{i \in D} \partial_{ii} u` at the points ``x`` (N, d); shape as ``u_fn``'s.
+
+    ``dims`` (default: every coordinate) restricts the sum, e.g. ``dims=("x",)`` for the spatial
+    Laplacian of a space-time field. Componentwise for k components.
+    """
+    dim = _check_points(x)
+    fn = _at_one_point(u_fn)
+    terms = [_directional(_directional(fn, _unit(i, x)), _unit(i, x)) for i in _dims(dims, dim, names)]
+    return vmap(lambda z: sum(term(z) for term in terms))(x)
+
+
+def divergence(
+    v_fn: Field, x: Tensor, dims: Sequence[Coordinate] | None = None, names: Sequence[str] | None = None
+) -> Tensor:
+    r""":math:`\nabla \cdot v = \sum_{i \in D} \partial v_i / \partial x_i` of a vector field; shape (N,).
+
+    ``v_fn`` maps (N, d) to (N, |D|): component j is differentiated along the j-th coordinate of
+    ``dims`` (default: every coordinate, so v has d components).
+    """
+    dim = _check_points(x)
+    axes = _dims(dims, dim, names)
+    fn = _at_one_point(v_fn)
+
+    def div(z: Tensor) -> Tensor:
+        total = z.new_zeros(())
+        for component, i in enumerate(axes):
+            dv = _directional(fn, _unit(i, z))(z)
+            if dv.shape != (len(axes),):
+                raise ValueError(
+                    f"divergence: the vector field must have {len(axes)} components (one per coordinate of "
+                    f"dims), got values of shape {tuple(dv.shape)} per point."
+                )
+            total = total + dv[component]
+        return total
+
+    return vmap(div)(x)
+
+
+@dataclass(frozen=True)
+class FieldDerivatives:
+    """A field's value, gradient and Hessian at N points, from one composed transform (:func:`derivatives`).
+
+    Attributes:
+        value: (N,) or (N, k).
+        gradient: (N, d) or (N, k, d).
+        hessian: (N, d, d) or (N, k, d, d); ``None`` when computed with ``order=1``.
+        names: the coordinate names (for :meth:`partial` by name).
+    """
+
+    value: Tensor
+    gradient: Tensor
+    hessian: Tensor | None
+    names: tuple[str, ...]
+
+    @property
+    def dim(self) -> int:
+        return int(self.gradient.shape[-1])
+
+    def _second(self) -> Tensor:
+        if self.hessian is None:
+            raise ValueError("Second derivatives need derivatives(..., order=2).")
+        return self.hessian
+
+    def partial(self, wrt: Coordinate | Sequence[Coordinate], order: int = 1) -> Tensor:
+        """As :func:`partial` (first or second order), read from the stored derivatives."""
+        indices = _wrt_indices(wrt, order, self.dim, self.names or None)
+        if len(indices) == 1:
+            return self.gradient[..., indices[0]]
+        if len(indices) == 2:
+            return self._second()[..., indices[0], indices[1]]
+        raise ValueError(f"FieldDerivatives holds derivatives up to order 2; use partial() for order {len(indices)}.")
+
+    def time_derivative(self, time: Coordinate = -1, order: int = 1) -> Tensor:
+        return self.partial(time, order)
+
+    def laplacian(self, dims: Sequence[Coordinate] | None = None) -> Tensor:
+        """As :func:`laplacian`: the trace of the Hessian over ``dims``."""
+        second = self._second()
+        axes = _dims(dims, self.dim, self.names or None)
+        return sum(second[..., i, i] for i in axes)
+
+
+def derivatives(u_fn: Field, x: Tensor, order: int = 2, names: Sequence[str] | None = None) -> FieldDerivatives:
+    r"""Value, gradient and (``order=2``) Hessian of ``u_fn`` at the points ``x`` (N, d), in one transform.
+
+    ``jacrev`` of the field carries its value as auxiliary output and ``jacfwd`` of that gradient
+    carries both, so the network runs once (forward-over-reverse) for all of them::
+
+        d = derivatives(u, x)
+        residual = -d.laplacian() + d.partial("x") * d.value - f(x)
+    """
+    dim = _check_points(x)
+    if order not in (1, 2):
+        raise ValueError(f"derivatives() computes order 1 or 2, got {order!r}; use partial() for higher orders.")
+    known = tuple(names) if names is not None else default_names(dim)
+    if names is not None and len(known) != dim:
+        raise ValueError(f"names={known} has {len(known)} names for points with d = {dim} coordinates.")
+    fn = _at_one_point(u_fn)
+
+    def value_as_aux(z: Tensor) -> tuple[Tensor, Tensor]:
+        u = fn(z)
+        return u, u
+
+    grad_and_value = jacrev(value_as_aux, has_aux=True)  # z -> (grad, value)
+    if order == 1:
+        grad, value = vmap(grad_and_value)(x)
+        return FieldDerivatives(value, grad, None, known)
+
+    def grad_with_aux(z: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        grad, value = grad_and_value(z)
+        return grad, (grad, value)
+
+    second, (grad, value) = vmap(jacfwd(grad_with_aux, has_aux=True))(x)
+    return FieldDerivatives(value, grad, second, known)
