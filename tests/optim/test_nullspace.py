@@ -69,7 +69,8 @@ def test_scaled_gram_against_dense_float64(m, dtype):
     v = torch.randn(n, generator=gen, dtype=dtype)
     G, Jv = scaled_gram(J, d, v=v)
     error = (G - exact).norm() / exact.norm()
-    assert error <= (1e-15 if dtype == F64 else 10 * gram_error(n, dtype, m))
+    # (float64: chunked sums of ~8e5 products, ~eps64 sqrt(chunks) relative: 3.5e-15 seen on AMD EPYC's BLAS)
+    assert error <= (1e-14 if dtype == F64 else 10 * gram_error(n, dtype, m))
     if dtype == torch.float32:
         assert torch.equal(G, gram(J * d))
     assert torch.equal(scaled_gram(J, d)[0], G) and scaled_gram(J, d)[1] is None
