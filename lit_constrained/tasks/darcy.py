@@ -50,7 +50,6 @@ from lit_constrained.module import ConstrainedModule
 from lit_constrained.optim.jacobian import GroupingMode, per_sample_jacobian
 from lit_constrained.tasks.common import DTypeName, torch_dtype
 from lit_constrained.tasks.darcy_data import DarcyData, boundary_mask
-from lit_constrained.tasks.fno import build_fno, cast_module_
 
 __all__ = ["Darcy", "DarcyData", "darcy_residual"]
 
@@ -135,6 +134,9 @@ class Darcy(ConstrainedModule):
         if output_scale is not None and not output_scale > 0:
             raise ValueError(f"output_scale must be > 0 (or None: the data std), got {output_scale!r}.")
         self.compute_dtype = torch_dtype(dtype)
+        # imported here: neuraloperator is the optional [fno] extra (and slow to import)
+        from lit_constrained.tasks.fno import build_fno, cast_module_
+
         self.net = cast_module_(
             build_fno(hidden_channels, n_layers, n_modes, lifting_channel_ratio, projection_channel_ratio),
             self.compute_dtype,

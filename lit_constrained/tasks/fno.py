@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from neuralop.models import FNO
 from torch import nn
 
-from lit_constrained.tasks.spectral import VmapSpectralConv, pointwise_convs_
+from lit_constrained.tasks.spectral import VmapSpectralConv, import_neuralop, pointwise_convs_
+
+FNO = import_neuralop("neuralop.models").FNO  # the [fno] extra; a one-line error without it
 
 __all__ = ["PlainStateFNO", "build_fno", "cast_module_"]
 

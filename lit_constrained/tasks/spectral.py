@@ -26,12 +26,31 @@ raises a ``ValueError`` at construction.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
 import torch
-from neuralop.layers.spectral_convolution import SpectralConv
 from torch import Tensor, nn
 from torch.nn import functional as F
+
+NEURALOP_MISSING = (
+    "The Darcy task's FNO needs neuraloperator, an optional extra: pip install -e '.[fno]' "
+    "(or pip install 'lit-constrained[fno]', or pip install neuraloperator)."
+)
+
+
+def import_neuralop(module: str) -> ModuleType:
+    """Import a ``neuralop`` module, or fail with one line naming the ``[fno]`` extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] != "neuralop":
+            raise
+        raise ModuleNotFoundError(NEURALOP_MISSING, name="neuralop") from None
+
+
+SpectralConv = import_neuralop("neuralop.layers.spectral_convolution").SpectralConv
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 #: up to this many input channels the spectral contraction is a broadcast product and a sum
