@@ -352,3 +352,80 @@ def test_forgotten_create_graph_is_named_in_the_error():
     model = ForgotCreateGraph(optimizer=functools.partial(SQPAdam, lr=0.01))
     with pytest.raises(RuntimeError, match=r"compute the residual with create_graph=True"):
         quiet_trainer(max_steps=1, limit_val_batches=0).fit(model, CurveData(num_samples=8, batch_size=8))
+
+
+# -- imposed(): per-point parts, the default constraints and Jacobian, per-part violation tags -------
+
+
+class TwoParts(ConstrainedModule):
+    """CurveFit's data term with two imposed parts: u' = 2 pi cos(2 pi x) at 4 points (by jvp) and
+    (u, u^2) = (sin, sin^2) at 3 anchors (a (N, 2) residual)."""
+
+    def __init__(self, part_name: str = "anchor", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        self.part_name = part_name
+        self.register_buffer("x_slope", torch.tensor([[0.2], [0.4], [0.6], [0.9]]))
+        self.register_buffer("x_anchor", torch.tensor([[0.1], [0.5], [0.8]]))
+
+    def objective(self, batch):
+        x, y = batch
+        return (self.net(x) - y).pow(2).mean()
+
+    def slope(self, x):
+        _, u_x = torch.func.jvp(self.net, (x,), (torch.ones_like(x),))
+        return (u_x - 2 * torch.pi * torch.cos(2 * torch.pi * x))[:, 0]
+
+    def anchor(self, x):
+        u, s = self.net(x), torch.sin(2 * torch.pi * x)
+        return torch.cat([u - s, u**2 - s**2], dim=1)
+
+    def imposed(self, batch):
+        from lit_constrained import Imposed
+
+        return {"slope": Imposed(self.slope, self.x_slope), self.part_name: Imposed(self.anchor, self.x_anchor)}
+
+
+def test_imposed_parts_give_the_default_constraints_and_a_pointwise_jacobian():
+    from lit_constrained.optim import constraint_jacobian
+
+    model = TwoParts()
+    c = model.constraints(None)
+    expected = torch.cat([model.slope(model.x_slope), model.anchor(model.x_anchor).reshape(-1)])
+    torch.testing.assert_close(c, expected, rtol=0, atol=0)
+    params = list(model.parameters())
+    J = model.constraint_jacobian(None, c, params, rows=slice(2, 9))  # jacobian_method="auto"
+    assert set(model.pointwise_jacobian.paths.values()) == {"func"}  # auto chose the per-point engine
+    torch.testing.assert_close(J, constraint_jacobian(c, params, method="loop")[2:9], rtol=1e-5, atol=1e-6)
+    assert model._has_constraints()
+
+
+def test_imposed_part_violations_are_logged_per_part_at_train_and_val():
+    from tests.helpers.lightning import MemoryLogger
+
+    model = TwoParts(optimizer=functools.partial(SQPAdam, lr=0.01))
+    start = {"slope": float(model.slope(model.x_slope).detach().abs().max()),
+             "anchor": float(model.anchor(model.x_anchor).detach().abs().max())}
+    logger = MemoryLogger()
+    quiet_trainer(max_steps=4, logger=logger, log_every_n_steps=1, check_val_every_n_epoch=2).fit(
+        model, CurveData(num_samples=8, batch_size=8))
+    for stage in ("train", "val"):
+        parts = [logger.series(f"Violation/{name}/{stage}") for name in ("slope", "anchor")]
+        total = logger.series(f"Violation/{stage}")
+        assert total and all(len(p) == len(total) for p in parts)
+        for values in zip(total, *parts):  # the whole max is the larger part's
+            assert values[0] == pytest.approx(max(values[1:]), rel=1e-6)
+    first = {name: next(v for s, r in logger.records for k, v in r.items() if s == 0 and k == f"Violation/{name}/train")
+             for name in start}
+    assert first == pytest.approx(start, rel=1e-5)  # step 0: the parts at the initial weights
+
+
+def test_bad_imposed_declarations_are_clear_errors():
+    with pytest.raises(ValueError, match="jacobian_method must be"):
+        TwoParts(jacobian_method="dense")
+    with pytest.raises(ValueError, match="reserved"):
+        TwoParts(part_name="val").constraints(None)
+    with pytest.raises(ValueError, match="needs CurveFit.imposed"):
+        model = CurveFit(jacobian_method="pointwise")
+        model.constraint_jacobian(None, model.constraints(None), list(model.parameters()))
