@@ -85,5 +85,6 @@ def test_readme_never_advises_unsafe_loading():
 def test_readme_first_lines_set_up_and_test():
     lines = (ROOT / "README.md").read_text().splitlines()
     first_block = lines[lines.index("```bash") + 1 : lines.index("```")]
-    assert first_block[0].startswith("pip install") and "lit-constrained fit --config" in first_block[0]
+    assert first_block[0].startswith(("pip install", "python -m venv")) and "lit-constrained fit --config" in first_block[0]
+    assert "download.pytorch.org/whl/cpu" in first_block[0]  # PyTorch's CPU build on any Linux machine
     assert first_block[1] == 'python -m pytest -q -m "not slow"'
