@@ -7,7 +7,8 @@ and the ODE residual
 
     r_\\theta(t) = u_\\theta''(t) + \\mu u_\\theta'(t) + k u_\\theta(t)
 
-(input derivatives by nested ``torch.autograd.grad(create_graph=True)``):
+(input derivatives carried through the MLP's layers, :func:`~lit_constrained.tasks.taylor.mlp_taylor`
+in plain tensor operations; :func:`spring_residual` for any other ``u``, by nested ``torch.func.jvp``):
 
 .. math::
 
@@ -16,39 +17,60 @@ and the ODE residual
 
     c(\\theta) = \\big(r_\\theta(4/29),\\ r_\\theta(12/29),\\ r_\\theta(21/29)\\big) = 0 \\quad (m = 3).
 
+The constraints are declared point by point (:meth:`Spring.imposed`: the residual at ``t_con``), so
+their Jacobian is the per-point one (:mod:`lit_constrained.optim.pointwise`: at m = 3 one small
+ordinary graph, at many points ``torch.func`` per point).
+
 Test metric: the MSE against the exact solution on 500 points of [0, 1] (``val/mse``, ``test/mse``).
 The data live in :mod:`lit_constrained.tasks.spring_data` (re-exported here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.func import jvp
 
+from lit_constrained.imposed import Imposed
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.callbacks.monitoring import small_figure
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
+from lit_constrained.tasks.taylor import mlp_taylor
 from lit_constrained.tasks.spring_data import SpringData, spring_constants, spring_exact, spring_points
 
 __all__ = ["Spring", "SpringData", "spring_residual", "spring_exact", "spring_points"]
 
 
+def oscillator_residual(u: Tensor, du: Tensor, ddu: Tensor, mu: float, k: float) -> Tensor:
+    """:math:`u'' + \\mu u' + k u` from the values and derivatives at N points; returns (N,)."""
+    return (ddu + mu * du + k * u).reshape(-1)
+
+
+def is_mlp(net: torch.nn.Module) -> bool:
+    """Whether ``net`` is an ``nn.Sequential`` of ``nn.Linear`` and ``nn.Tanh`` layers (what
+    :func:`~lit_constrained.tasks.taylor.mlp_taylor` differentiates)."""
+    return isinstance(net, torch.nn.Sequential) and all(isinstance(x, (torch.nn.Linear, torch.nn.Tanh)) for x in net)
+
+
 def spring_residual(u_fn: Callable[[Tensor], Tensor], t: Tensor, mu: float, k: float) -> Tensor:
     """:math:`u'' + \\mu u' + k u` of ``u_fn`` at the points ``t`` (N, 1); returns (N,).
 
-    Differentiable with respect to whatever ``u_fn`` depends on (``create_graph=True``). ``u_fn``
-    must act row-wise (row i of its output depends only on row i of its input).
+    ``u_fn`` must act row-wise (row i of its output depends only on row i of its input), so the
+    directional derivative along the all-ones tangent is :math:`u'(t_i)` in every row. One nested
+    forward-mode pass gives u, u' and u'' (``torch.func.jvp`` of a ``jvp``): differentiable by
+    ordinary autograd w.r.t. whatever ``u_fn`` depends on (the objective's backward), and valid
+    inside ``torch.func`` transforms (the per-point constraint Jacobian).
     """
-    with torch.enable_grad():
-        t = t.detach().requires_grad_(True)
-        u = u_fn(t)
-        ones = torch.ones_like(u)
-        (du,) = torch.autograd.grad(u, t, grad_outputs=ones, create_graph=True)
-        (ddu,) = torch.autograd.grad(du, t, grad_outputs=ones, create_graph=True)
-    return (ddu + mu * du + k * u).reshape(-1)
+    ones = torch.ones_like(t)
+
+    def value_and_slope(s: Tensor) -> tuple[Tensor, Tensor]:
+        return jvp(u_fn, (s,), (ones,))
+
+    (u, du), (_, ddu) = jvp(value_and_slope, (t,), (ones,))
+    return oscillator_residual(u, du, ddu, mu, k)
 
 
 class Spring(ConstrainedModule):
@@ -95,16 +117,26 @@ class Spring(ConstrainedModule):
         return self.net(t)
 
     def residual(self, t: Tensor) -> Tensor:
-        """The ODE residual of the network at the points ``t`` (N, 1); returns (N,)."""
-        return spring_residual(self.net, t, self.mu, self.k)
+        """The ODE residual of the network at the points ``t`` (N, 1); returns (N,).
+
+        For an :func:`~lit_constrained.tasks.common.mlp` (the default network) u, u' and u'' in one
+        pass through its layers (the direction e_t, to second order;
+        :func:`~lit_constrained.tasks.taylor.mlp_taylor` in plain tensor operations, so it runs
+        both under the objective's backward and inside the per-point Jacobian's ``torch.func``);
+        any other row-wise network by :func:`spring_residual` (nested ``torch.func.jvp``)."""
+        if not is_mlp(self.net):
+            return spring_residual(self.net, t, self.mu, self.k)
+        u, first, second = mlp_taylor(self.net, t, t.new_ones(1, 1, 1), n_second=1, transformable=True)
+        return oscillator_residual(u, first[0], second[0], self.mu, self.k)
 
     def objective(self, batch: dict[str, Tensor]) -> Tensor:
         data_error = (self(batch["t_data"]) - batch["u_data"]).pow(2).mean()
         residual = self.residual(batch["t_res"]).pow(2).mean()
         return data_error + self.residual_weight * residual
 
-    def constraints(self, batch: dict[str, Tensor]) -> Tensor:
-        return self.residual(batch["t_con"])
+    def imposed(self, batch: dict[str, Tensor]) -> Mapping[str, Imposed]:
+        """The ODE residual at the constraint points ``t_con``."""
+        return {"ode": Imposed(self.residual, batch["t_con"])}
 
     def validation_constraints(self, batch: dict[str, Tensor]) -> Tensor:
         """The residual at every collocation point of the batch (the constraint points included)."""

@@ -90,8 +90,20 @@ class _TanhTaylor(torch.autograd.Function):
         return inner.mul_(slope), g_streams.sum_to_size(streams.shape), None
 
 
+def _tanh_taylor(z: Tensor, streams: Tensor, n_second: int) -> tuple[Tensor, Tensor]:
+    """:class:`_TanhTaylor`'s forward (the same formulas) in out-of-place tensor operations only, so
+    autograd's own rules differentiate it and it runs inside ``torch.func`` transforms."""
+    s = torch.tanh(z)
+    slope = 1.0 - s * s
+    out = streams * slope
+    if n_second:
+        first = streams.shape[0] - n_second
+        out = torch.cat([out[:first], out[first:] - 2.0 * (s * slope) * streams[:n_second].square()])
+    return s, out
+
+
 def mlp_taylor(
-    net: nn.Sequential, x: Tensor, tangents: Tensor, n_second: int = 0
+    net: nn.Sequential, x: Tensor, tangents: Tensor, n_second: int = 0, transformable: bool = False
 ) -> tuple[Tensor, Tensor, Tensor]:
     r"""``net(x)`` with its first and second directional derivatives, row by row, in one forward pass.
 
@@ -120,6 +132,10 @@ def mlp_taylor(
         tangents: the directions, (K, N, in_dim), or (K, 1, in_dim) for the same directions in
             every row (cheaper: the first layer then maps K vectors, not K x N rows).
         n_second: how many of the directions (the first ones) get second derivatives, 0..K.
+        transformable: the Tanh layers in plain tensor operations (autograd's rules for the
+            backward) instead of the written-out backward: the pass then also runs inside
+            ``torch.func`` transforms (``vmap`` / ``jacrev`` over points: the per-point constraint
+            Jacobian of :mod:`lit_constrained.optim.pointwise`). Same values.
     """
     if not isinstance(net, nn.Sequential):
         raise TypeError(
@@ -140,6 +156,8 @@ def mlp_taylor(
     for layer in net:
         if isinstance(layer, nn.Linear):
             state, streams = layer(state), F.linear(streams, layer.weight)
+        elif isinstance(layer, nn.Tanh) and transformable:
+            state, streams = _tanh_taylor(state, streams, n_second)
         elif isinstance(layer, nn.Tanh):
             state, streams, _, _ = _TanhTaylor.apply(state, streams, n_second)
         else:

@@ -85,7 +85,7 @@ def test_func_path_equals_the_dense_jacobian(name: str) -> None:
     field = Field(outputs=1)
     params = list(field.parameters())
     residual = getattr(field, name)
-    engine = PointwiseJacobian()
+    engine = PointwiseJacobian(small_part_rows=0)  # no small-part shortcut: the torch.func path itself
     J = engine(field, params, [(residual, points(), 3 if name == "vector" else 1)])
     reference = dense(residual, points(), params)
     assert J.shape == reference.shape == (reference.shape[0], numel_real(params))
@@ -96,7 +96,7 @@ def test_func_path_equals_the_dense_jacobian(name: str) -> None:
 def test_fallback_for_autograd_residuals_equals_the_dense_jacobian_and_says_so_once() -> None:
     field = Field()
     params = list(field.parameters())
-    engine = PointwiseJacobian(chunk_size=3)  # chunks of 3, 3 and 1 points
+    engine = PointwiseJacobian(chunk_size=3, small_part_rows=0)  # chunks of 3, 3 and 1 points
     with pytest.warns(RuntimeWarning, match="cannot run inside torch.func transforms.*chunked autograd"):
         J = engine(field, params, [(field.second_order_autograd, points(), 1)])
     torch.testing.assert_close(J, dense(field.second_order, points(), params), rtol=1e-12, atol=1e-12)
@@ -159,4 +159,17 @@ def test_errors_name_the_fix() -> None:
         return field(x)[:, 0] @ torch.ones(3, dtype=F64)
 
     with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError):
-        PointwiseJacobian()(field, params, [(broken, points(), 1)])
+        PointwiseJacobian(small_part_rows=0)(field, params, [(broken, points(), 1)])
+
+
+def test_small_parts_take_one_ordinary_graph_without_trying_torch_func() -> None:
+    field = Field()
+    params = list(field.parameters())
+    engine = PointwiseJacobian(small_part_rows=7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no torch.func attempt, hence no fallback warning
+        J = engine(field, params, [(field.second_order_autograd, points(7), 1)])
+    torch.testing.assert_close(J, dense(field.second_order, points(7), params), rtol=1e-12, atol=1e-12)
+    assert engine.paths == {}  # nothing learnt: a larger part still tries torch.func
+    engine(field, params, [(field.second_order, points(8), 1)])
+    assert engine.paths == {field.second_order: "func"}

@@ -186,3 +186,18 @@ def test_network_dtype_other_than_the_data_trains_and_summarizes(capsys: pytest.
     end = float(line.split("->")[1].split()[0])  # "n/a" (a failed evaluation) would not parse
     batch = task.prepare_batch(_batch(SpringData(), "train"))
     assert end == pytest.approx(float(task.constraints(batch).detach().abs().max()), rel=2e-3)  # printed to 3 digits
+
+
+def test_many_imposed_points_take_the_torch_func_path_and_match_the_general_jacobian() -> None:
+    """The residual (mlp_taylor in plain operations) runs inside torch.func: at 40 points (above the
+    engine's small-part size) J comes from the per-point transforms and equals the general J."""
+    from lit_constrained.optim import constraint_jacobian
+
+    torch.manual_seed(0)
+    task = Spring(dtype="float64")
+    batch = dict(_batch(SpringData(), "train"), t_con=torch.linspace(0.0, 1.0, 40, dtype=torch.float64)[:, None])
+    params = list(task.parameters())
+    c = task.constraints(batch)
+    J = task.constraint_jacobian(batch, c, params)
+    assert task.pointwise_jacobian.paths == {task.residual: "func"}
+    torch.testing.assert_close(J, constraint_jacobian(c, params, method="batched"), rtol=1e-10, atol=1e-9)
