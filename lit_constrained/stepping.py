@@ -27,7 +27,10 @@ Its step:
    and the SQP projection are identical on every replica, which therefore never drift apart. One
    fused flag (finite f, c, J and gradient; with shared constraints also: the same c on every rank)
    is the step's only host sync;
-6. ``optimizer_step(closure=lambda: f_mean, **what the optimizer requires)``.
+6. ``optimizer_step(closure=lambda: f_mean, **what the optimizer requires)``, with a
+   ``constraint_closure`` (c at the updated parameters, the same on every rank) for an optimizer
+   whose ``step`` takes one: the post-step corrections of
+   :meth:`~lit_constrained.optim.constrained.ConstrainedOptimizer._correct`.
 
 The module logs the result and steps the LR schedulers (see
 :class:`~lit_constrained.module.ConstrainedModule`).
@@ -138,6 +141,16 @@ def _same_on_every_rank(ranks_c: Tensor) -> Tensor:
 
 
 _ACCEPTS_ROWS: dict[type, bool] = {}
+_ACCEPTS_CLOSURE: dict[type, bool] = {}
+
+
+def _accepts_constraint_closure(optimizer: Optimizer) -> bool:
+    """Whether ``optimizer.step`` takes a ``constraint_closure`` (the post-step corrections of the
+    package's projected methods); cached per class."""
+    kind = type(optimizer)
+    if kind not in _ACCEPTS_CLOSURE:
+        _ACCEPTS_CLOSURE[kind] = "constraint_closure" in inspect.signature(optimizer.step).parameters
+    return _ACCEPTS_CLOSURE[kind]
 
 
 def _jacobian_rows(task: ConstrainedTask, batch: Any, c: Tensor, params: list[Tensor], rows: slice) -> Tensor:
@@ -272,8 +285,27 @@ class TrainingStepper:
         if isinstance(getattr(optimizer, "diagnostics", None), dict):
             # the package's optimizers compute their diagnostics only on the steps asked for
             kwargs["diagnostics"] = bool(services.diagnostics)
+        if c is not None and c.numel() and _accepts_constraint_closure(optimizer):
+            kwargs["constraint_closure"] = self._constraint_closure(task, batch, services)
         services.optimizer_step(closure=lambda: loss_mean, **kwargs)
         return StepResult(loss_mean, c_mean)
+
+    @staticmethod
+    def _constraint_closure(task: ConstrainedTask, batch: Any, services: StepServices) -> Callable[[], Tensor]:
+        """c at the current parameters, for the optimizer's post-step corrections: the task's
+        constraints (grad mode on, for residuals that differentiate w.r.t. their inputs; autocast off),
+        detached; under data parallelism the same c on every rank (shared constraints: each rank's own,
+        equal by construction; per-rank constraints: the ranks' union, as the step imposes it)."""
+
+        def constraints_now() -> Tensor:
+            with torch.enable_grad(), constraint_precision(services.device):
+                c = task.constraints(batch)
+            c = c.detach().reshape(-1)
+            if services.world_size > 1 and not task.constraints_shared:
+                c = services.all_gather(c).reshape(-1)
+            return c
+
+        return constraints_now
 
     @staticmethod
     def _own_rows(task: ConstrainedTask, services: StepServices, m: int) -> slice:

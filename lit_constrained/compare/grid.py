@@ -38,9 +38,12 @@ _BETAS = [0.9, 0.999]
 
 #: The four methods of the paper, keyed by their config file stem (configs/<task>/<key>.yaml).
 METHODS: dict[str, Method] = {
-    "sqp_adam": Method("SQP-Adam(con)", "lit_constrained.optim.SQPAdam", {"betas": _BETAS, "eps": 1e-7, "h": 1.0}),
-    "sqp_heavyball": Method("SQP-HeavyBall(con)", "lit_constrained.optim.SQPHeavyBall", {"beta": 0.9, "h": 1.0}),
-    "adam_con": Method("Adam(con)", "lit_constrained.optim.AdamCon", {"betas": _BETAS, "eps": 1e-7}),
+    # (max_corrections 0: the papers' algorithms, without the package's post-step corrections)
+    "sqp_adam": Method("SQP-Adam(con)", "lit_constrained.optim.SQPAdam",
+                       {"betas": _BETAS, "eps": 1e-7, "h": 1.0, "max_corrections": 0}),
+    "sqp_heavyball": Method("SQP-HeavyBall(con)", "lit_constrained.optim.SQPHeavyBall",
+                            {"beta": 0.9, "h": 1.0, "max_corrections": 0}),
+    "adam_con": Method("Adam(con)", "lit_constrained.optim.AdamCon", {"betas": _BETAS, "eps": 1e-7, "max_corrections": 0}),
     "adam_unc": Method("Adam(unc)", "torch.optim.Adam", {"betas": _BETAS, "eps": 1e-7}, constrained=False),
 }
 

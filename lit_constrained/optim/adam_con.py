@@ -11,6 +11,8 @@ from torch import Tensor
 from .checks import check_betas, check_positive
 from .constrained import (
     DEFAULT_LR,
+    DEFAULT_CONSTRAINT_TOL,
+    DEFAULT_MAX_CORRECTIONS,
     DEFAULT_MAX_NORMAL_STEP,
     DEFAULT_RHO,
     ConstrainedOptimizer,
@@ -54,6 +56,12 @@ class AdamCon(ConstrainedOptimizer):
         max_normal_step: the normal-step safeguard (``"adaptive"``, the default; a cap relative to ||x||;
             or ``None``). Shared.
         precision: ``"native"`` or ``"float64"`` (the reference). Shared.
+        constraint_tol, max_corrections: feasibility held to a tolerance. After the step, at most
+            ``max_corrections`` (default 3) Gauss-Newton corrections with the step's own factorization
+            while max |c| > ``constraint_tol`` * max(max |c_1|, 1) (default 1e-6), when ``step`` is given
+            a ``constraint_closure`` (the package's training step gives one); 0 is the papers' method.
+            Not in the papers (see :meth:`~lit_constrained.optim.constrained.ConstrainedOptimizer._correct`).
+            Shared.
     """
 
     def __init__(
@@ -66,11 +74,14 @@ class AdamCon(ConstrainedOptimizer):
         rcond: float = DEFAULT_RCOND,
         max_normal_step: MaxNormalStep = DEFAULT_MAX_NORMAL_STEP,
         precision: Precision = "native",
+        constraint_tol: float = DEFAULT_CONSTRAINT_TOL,
+        max_corrections: int = DEFAULT_MAX_CORRECTIONS,
     ) -> None:
         super().__init__(
             params,
             {"lr": lr, "betas": tuple(betas), "eps": eps, "rho": rho, "rcond": rcond,
-             "max_normal_step": max_normal_step, "precision": precision},
+             "max_normal_step": max_normal_step, "precision": precision,
+             "constraint_tol": constraint_tol, "max_corrections": max_corrections},
         )
 
     def _check_group(self, group: dict[str, Any]) -> None:

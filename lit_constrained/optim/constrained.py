@@ -108,6 +108,14 @@ Precision = Literal["native", "float64"]
 
 DEFAULT_LR = 1e-3
 DEFAULT_RHO: Rho = "full"
+DEFAULT_CONSTRAINT_TOL = 1e-6
+"""The default of ``constraint_tol``: the post-step corrections stop once
+max |c| <= constraint_tol * max(max |c_1|, 1) (c_1: the constraints at the first step)."""
+DEFAULT_MAX_CORRECTIONS = 3
+"""The default of ``max_corrections`` (0 switches the post-step corrections off: the papers' methods)."""
+CORRECTION_STALL = 0.5
+"""The corrections stop when one leaves max |c| above this fraction of the previous max |c| (the
+rounding floor of the residual is reached: more corrections would only cost forwards)."""
 DEFAULT_MAX_NORMAL_STEP: MaxNormalStep = "adaptive"
 """The default of ``max_normal_step``: ``"adaptive"`` (the trust radius of :data:`ADAPTIVE_NORMAL_STEP`),
 a number (a fixed cap relative to ||x||) or ``None`` (no cap)."""
@@ -147,6 +155,14 @@ def check_max_normal_step(value: MaxNormalStep) -> None:
         raise ValueError(
             f"Invalid max_normal_step={value!r}: a number > 0 (a fixed cap relative to ||x||), 'adaptive' "
             "(the default trust radius) or None (no cap)."
+        )
+
+
+def check_max_corrections(value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"Invalid max_corrections={value!r}: an integer >= 0 (0: no post-step corrections, the papers' "
+            "methods)."
         )
 
 
@@ -207,7 +223,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
     the merged step, diagnostics, state and workspaces."""
 
     requires = frozenset({"constraints", "jacobian"})
-    shared_keys: tuple[str, ...] = ("rho", "rcond", "max_normal_step", "precision")
+    shared_keys: tuple[str, ...] = ("rho", "rcond", "max_normal_step", "precision", "constraint_tol",
+                                    "max_corrections")
     """Hyperparameters of the one projection: equal in all param groups."""
     host_algebra: bool = True
     """With CPU tensors, run the m x m algebra and the scalar rules in NumPy (the host path; equal to the
@@ -220,6 +237,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
             "rcond": DEFAULT_RCOND,
             "max_normal_step": DEFAULT_MAX_NORMAL_STEP,
             "precision": "native",
+            "constraint_tol": DEFAULT_CONSTRAINT_TOL,
+            "max_corrections": DEFAULT_MAX_CORRECTIONS,
             **defaults,
         }
         self._check_group(defaults)
@@ -245,6 +264,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
         check_positive("rcond", group["rcond"])
         check_max_normal_step(group["max_normal_step"])
         check_precision(group["precision"])
+        check_positive("constraint_tol", group["constraint_tol"])
+        check_max_corrections(group["max_corrections"])
 
     def _check_groups(self) -> None:
         for group in self.param_groups:
@@ -253,6 +274,15 @@ class ConstrainedOptimizer(Optimizer, ABC):
             type(self).__name__, self.param_groups, self.shared_keys,
             "the one projection (the constraints couple the groups)",
         )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's ``load_state_dict``; groups saved before a hyperparameter existed get its default (a
+        checkpoint from before ``constraint_tol`` / ``max_corrections`` resumes with the corrections of
+        today's defaults)."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for key in ("constraint_tol", "max_corrections"):
+                group.setdefault(key, self.defaults[key])
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -398,6 +428,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         constraints: Tensor | None = None,
         jacobian: Tensor | None = None,
         diagnostics: bool = False,
+        constraint_closure: Callable[[], Tensor] | None = None,
     ) -> Any:
         """One step; g is read from ``p.grad``, c and J are given (J in the flat layout).
 
@@ -408,6 +439,10 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 ``view_as_real``).
             diagnostics: fill ``self.diagnostics`` with this step's diagnostics (0-dim tensors); when
                 False it is left empty (a stale value is never read as current).
+            constraint_closure: optional, returns c (shape (m,)) at the current parameters; given, the
+                step is followed by at most ``max_corrections`` Gauss-Newton corrections toward
+                max |c| <= tol (see :meth:`_correct`). It must return the same c on every
+                data-parallel rank.
 
         A NaN/inf in g, c or J raises ``ValueError`` before anything changes.
         """
@@ -532,6 +567,9 @@ class ConstrainedOptimizer(Optimizer, ABC):
 
         if "initial_violation" not in state:
             state["initial_violation"] = c.abs().max() if m else c.new_zeros(())
+        if m and constraint_closure is not None and first["max_corrections"]:
+            self._correct(constraint_closure, projection, refinements, exact_residual, reals, layout, state,
+                          record)
         if record is not None:
             normal_norm = torch.as_tensor(normal_norm, dtype=torch.float64, device=device)
             self._record(record, state, projection, c, J, delta, scale, normal_norm, lr, refinements)
@@ -539,6 +577,80 @@ class ConstrainedOptimizer(Optimizer, ABC):
         return loss
 
     # ------------------------------------------------------------------ pieces of the step
+    def _correct(
+        self,
+        evaluate: Callable[[], Tensor],
+        projection: Projection,
+        refinements: int,
+        exact_residual: bool,
+        reals: list[Tensor],
+        layout: Layout,
+        state: dict[str, Any],
+        record: dict[str, Tensor] | None,
+    ) -> None:
+        r"""Feasibility held to a tolerance (``../shared/spec/algorithms.md`` section 8): after the step
+        :math:`x^+ = x_k + \alpha_k d_k`, at most K = ``max_corrections`` times while
+        :math:`\max|c(x^+)| > \text{tol}`,
+
+        .. math::
+            x^+ \leftarrow x^+ + T\big(-\tilde J_k^+ c(x^+)\big)
+                = x^+ - T \tilde J_k^T \tilde G_k^+ c(x^+)
+
+        with the step's own factorization (J at :math:`x_k`: a second-order correction, no new Jacobian;
+        T and :math:`\tilde J` as in the step, so :math:`J_k \Delta x = -c(x^+)`), the same
+        refinements, and only c re-evaluated (``evaluate``). tol = ``constraint_tol`` * max(max
+        :math:`|c_1|`, 1). The loop also stops when a correction leaves max |c| above
+        ``CORRECTION_STALL`` times the previous one (the residual's rounding floor), and a correction
+        that increased max |c| is undone. No correction follows a step whose normal step the safeguard
+        capped (``max_normal_step``: far from feasibility the linearization is not trusted, and an
+        uncapped Gauss-Newton correction would take the step the cap refused). Each evaluation is
+        one host read of max |c| (the decisions are the same on every rank: c is). Diagnostics:
+        ``corrections`` (taken) and ``corrected_violation`` (max |c| after them; one more evaluation, on
+        diagnostic steps only)."""
+        group = self.param_groups[0]
+        J, factor = projection.jacobian, projection.factor
+        m, n = J.shape
+        taken, violation = 0, math.nan
+        capped = state.get("normal_step_capped")
+        if capped is None or not bool(capped):  # a capped step: far from feasibility, the safeguard decides
+            tol = float(group["constraint_tol"]) * max(float(state["initial_violation"]), 1.0)
+            correction = self._buffer("correction_step", (n,), J.dtype, J.device)
+            scaling = self._scaling(projection)
+            workspace = self._exact_workspace(J) if refinements and exact_residual else None
+            previous = math.inf
+            for _ in range(int(group["max_corrections"])):
+                c = self._evaluated_constraints(evaluate, m)
+                violation = float(c.abs().max())
+                if taken and not violation <= previous:  # the last correction made it worse (or NaN): undo it
+                    self._add_to_params(reals, layout, correction.neg_())
+                    taken, violation = taken - 1, previous
+                    break
+                if not violation > tol or violation > CORRECTION_STALL * previous:
+                    break
+                sc = c.to(torch.float64)
+                merged_step(J, factor, None, 0.0, sc.numpy() if self._on_host else sc, refinements, correction,
+                            workspace, scaling, exact_residual)
+                self._add_to_params(reals, layout, self._to_x(projection, correction))
+                taken, previous, violation = taken + 1, violation, math.nan
+        elif record is not None:
+            violation = float(self._evaluated_constraints(evaluate, m).abs().max())
+        if record is not None:
+            if math.isnan(violation):
+                violation = float(self._evaluated_constraints(evaluate, m).abs().max())
+            record["corrections"] = torch.tensor(float(taken), dtype=torch.float64, device=J.device)
+            record["corrected_violation"] = torch.tensor(violation, dtype=torch.float64, device=J.device)
+
+    @staticmethod
+    def _evaluated_constraints(evaluate: Callable[[], Tensor], m: int) -> Tensor:
+        c = evaluate()
+        if not isinstance(c, Tensor) or c.shape != (m,):
+            shape = tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__
+            raise ValueError(
+                f"constraint_closure returned {shape}, expected a tensor of shape ({m},): the constraints "
+                "of this step at the updated parameters."
+            )
+        return c.detach()
+
     def _normal_scale(
         self, projection: Projection, c: Tensor, s: float, params: list[Tensor], state: dict[str, Any]
     ) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,109 @@
+"""Feasibility at every step with the defaults: max |c| of the imposed constraints at each step (before its
+update, i.e. after the previous step and its post-step corrections), for the shipped tasks' recommended
+configs, with the corrections off (``max_corrections = 0``) and on (the default), interleaved runs.
+
+Reported per run: the start, the worst max |c| after step 50 (absolute and relative to the start), the
+end, the mean corrections per step and the mean step time (the corrections' cost is the difference).
+Target (issue 28): worst after step 50 <= max(3e-6 x start, 1e-6), or the float32 floor (measured).
+
+    python benchmarks/bench_feasibility.py [--steps 1000] [--tasks spring,chemistry] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+from machine import cpu_model  # noqa: E402
+
+from lit_constrained.cli import ConstrainedCLI  # noqa: E402
+
+CONFIGS = {
+    "spring": "configs/spring/recommended/sqp_adam.yaml",
+    "spring-minibatch": "configs/spring/recommended/sqp_adam.yaml",
+    "chemistry": "configs/chemistry/recommended/sqp_adam.yaml",
+    "chemistry-minibatch": "configs/chemistry/recommended/sqp_adam.yaml",
+    "burgers": "configs/burgers/recommended/sqp_adam.yaml",
+    "poisson": "configs/poisson/recommended/sqp_adam.yaml",
+}
+MINIBATCH = {"spring-minibatch", "chemistry-minibatch"}
+
+
+class ViolationRecorder(pl.Callback):
+    """max |c| the step saw (``module.last_step``), its duration and the optimizer's corrections."""
+
+    def __init__(self) -> None:
+        self.violations: list[float] = []
+        self.times: list[float] = []
+        self.corrections: list[float] = []
+        self._start = 0.0
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, *args: Any) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, *args: Any) -> None:
+        self.times.append(time.perf_counter() - self._start)
+        c = pl_module.last_step.constraints
+        self.violations.append(float(c.abs().max()))
+        optimizer = trainer.optimizers[0]
+        self.corrections.append(float(optimizer.diagnostics.get("corrections", float("nan"))))
+
+
+def run(task: str, steps: int, max_corrections: int) -> dict[str, Any]:
+    args = ["--config", CONFIGS[task], "--trainer.max_steps", str(steps), "--trainer.max_epochs", "100000",
+            "--trainer.enable_checkpointing", "false", "--trainer.logger", "false",
+            "--trainer.enable_progress_bar", "false", "--trainer.val_check_interval", str(10 * steps),
+            "--model.init_args.optimizer.init_args.max_corrections", str(max_corrections)]
+    if task in MINIBATCH:
+        args += ["--data.init_args.batch_mode", "minibatch"]
+    cli = ConstrainedCLI(args=args, run=False)
+    recorder = ViolationRecorder()
+    cli.trainer.callbacks.append(recorder)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    v = recorder.violations
+    start = v[0]
+    worst = max(v[50:]) if len(v) > 50 else float("nan")
+    return {
+        "task": task, "max_corrections": max_corrections, "steps": len(v), "start": start,
+        "worst_after_50": worst, "worst_relative": worst / start, "end": v[-1],
+        "target": max(3e-6 * start, 1e-6),
+        "corrections_per_step": statistics.fmean(recorder.corrections[1:]) if max_corrections else 0.0,
+        "step_ms": 1e3 * statistics.median(recorder.times[5:]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--tasks", default="spring,spring-minibatch,chemistry,chemistry-minibatch,burgers")
+    parser.add_argument("--out", default=None)
+    options = parser.parse_args()
+    harness.quiet()
+    torch.set_num_threads(1)
+    rows = []
+    for task in options.tasks.split(","):
+        for corrections in (0, 3):  # interleaved per task: off, on
+            row = run(task, options.steps, corrections)
+            rows.append(row)
+            print(f"{task:20s} corrections<={corrections}: start {row['start']:.3g}  worst after 50 "
+                  f"{row['worst_after_50']:.3g} ({row['worst_relative']:.2g} x start; target "
+                  f"{row['target']:.2g})  end {row['end']:.3g}  corrections/step "
+                  f"{row['corrections_per_step']:.2f}  step {row['step_ms']:.2f} ms", flush=True)
+    result = {"cpu": cpu_model(), "threads": 1, "steps": options.steps, "rows": rows}
+    if options.out:
+        Path(options.out).write_text(json.dumps(result, indent=1))
+    print(f"CPU: {cpu_model()}, 1 thread")
+
+
+if __name__ == "__main__":
+    main()
