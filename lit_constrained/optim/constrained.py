@@ -70,6 +70,7 @@ everything stays on the device, sync-free.
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
@@ -245,6 +246,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         super().__init__(params, defaults)
         self.diagnostics: dict[str, Tensor] = {}
         self._on_host = False
+        self._rank_warned = False
         self._buffers: dict[str, Tensor] = {}
         self._view_cache: dict[str, tuple[Any, list[Tensor]]] = {}
         self._check_groups()
@@ -253,6 +255,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         super().__setstate__(state)
         self.__dict__.setdefault("diagnostics", {})
         self.__dict__.setdefault("_on_host", False)
+        self.__dict__.setdefault("_rank_warned", False)
         self.__dict__.setdefault("_buffers", {})
         self.__dict__.setdefault("_view_cache", {})
 
@@ -495,6 +498,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
             code = int(torch.where(finite, plan + 2, torch.zeros_like(plan)))
         if code == 0:
             self._raise_nonfinite(g, c, J)
+        if host and not self._rank_warned:
+            self._warn_if_dependent(projection.factor.host.rank, m, n, float(projection.factor.host.condition))
         exact_residual = code >= 8
         refinements = code % 8 - 2
         if refinements < 0:
@@ -639,6 +644,23 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 violation = float(self._evaluated_constraints(evaluate, m).abs().max())
             record["corrections"] = torch.tensor(float(taken), dtype=torch.float64, device=J.device)
             record["corrected_violation"] = torch.tensor(violation, dtype=torch.float64, device=J.device)
+
+    def _warn_if_dependent(self, rank: int, m: int, n: int, condition: float) -> None:
+        """One warning per optimizer when the imposed constraints are numerically dependent (rank < m):
+        duplicate points, or more points than the network can satisfy (m > n among them)."""
+        if rank >= m or self._rank_warned:
+            return
+        self._rank_warned = True
+        why = (f"there are more constraints than parameters (m = {m} > n = {n}): at most n can hold"
+               if m > n else "duplicate or redundant points, or more points than the network can satisfy")
+        warnings.warn(
+            f"{type(self).__name__}: the m = {m} imposed constraints have numerical rank {rank} (singular values "
+            f"of J below rcond = {self.param_groups[0]['rcond']:g} x the largest are dropped; cond(J J^T) of the "
+            f"kept part {condition:.2g}): {m - rank} are dependent on the others ({why}). The step imposes "
+            "their least-squares solution (the minimum-norm Gauss-Newton step), so not every constraint can "
+            "reach 0: impose fewer or independent points, or use a larger network. The rank is logged as "
+            "optim/rank.", RuntimeWarning, stacklevel=3,
+        )
 
     @staticmethod
     def _evaluated_constraints(evaluate: Callable[[], Tensor], m: int) -> Tensor:
@@ -844,8 +866,11 @@ class ConstrainedOptimizer(Optimizer, ABC):
         violation = c.abs().max() if c.numel() else c.new_zeros(())
         rho = self.param_groups[0]["rho"]
         step_norm = delta.norm().to(torch.float64)
+        if not self._on_host:  # (the host path checks at every step; here the rank is read on logging steps)
+            self._warn_if_dependent(int(factor.rank), *J.shape, float(factor.condition))
         record.update(
             rank=factor.rank,
+            gram_condition=factor.condition.to(torch.float64),
             smallest_singular_value=factor.smallest_singular_value,
             rho=as_tensor((1.0 / lr if lr > 0 else math.inf) if rho == "full" else float(rho)),
             step_norm=step_norm,

@@ -503,6 +503,11 @@ class HostFactor:
     """the kept eigenvalues as 1.0 / 0.0"""
     condition: float
 
+    @property
+    def rank(self) -> int:
+        """The numerical rank r (the number of kept eigenvalues)."""
+        return int(np.count_nonzero(self.keep))
+
     @_QUIET
     def solve(self, b: np.ndarray) -> np.ndarray:
         """G^+ b for b of shape (m,) or (m, k)."""

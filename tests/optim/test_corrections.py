@@ -183,3 +183,20 @@ def test_a_correction_that_increases_the_violation_is_undone():
     optimizer.step(constraints=torch.ones(1, dtype=F64), jacobian=J, diagnostics=True, constraint_closure=worse)
     assert torch.equal(p.detach(), after_step["x"])
     assert int(optimizer.diagnostics["corrections"]) == 0 and float(optimizer.diagnostics["corrected_violation"]) == 1.0
+
+
+def test_dependent_constraints_and_more_constraints_than_parameters_warn_once_with_the_rank():
+    """m > n (5 constraints on 3 parameters): one warning that names the rank, m and n; the step still
+    takes the least-squares normal step."""
+    p = torch.nn.Parameter(torch.tensor([0.3, -0.2, 0.1], dtype=F64))
+    optimizer = SQPAdam([p], lr=0.1, max_normal_step=None)
+    J = torch.randn(5, 3, dtype=F64, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(RuntimeWarning, match=r"m = 5 imposed constraints have numerical rank 3.*m = 5 > n = 3"):
+        for _ in range(3):
+            p.grad = torch.zeros(3, dtype=F64)
+            optimizer.step(constraints=torch.ones(5, dtype=F64), jacobian=J)
+    import warnings as _warnings
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error")
+        p.grad = torch.zeros(3, dtype=F64)
+        optimizer.step(constraints=torch.ones(5, dtype=F64), jacobian=J)  # once per optimizer
