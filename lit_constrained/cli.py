@@ -48,8 +48,10 @@ class ConstrainedCLI(LightningCLI):
     * ``--ckpt_path``: a checkpoint's hyper-parameters may name only classes of trusted modules.
     * The Trainer: TensorBoard under ``lightning_logs/<task>/<Optimizer>/version_<nnn>`` when no
       logger is configured, a line-per-interval progress report when stdout is not a terminal, a
-      rolling crash-safe ``last.ckpt`` unless checkpointing is configured or off, and
-      ``--ckpt_path last`` without a last checkpoint an error (``last-or-fresh`` starts fresh).
+      rolling crash-safe ``last.ckpt`` unless checkpointing is configured or off, SIGTERM/SIGINT
+      stopping every rank after the same step with one ``last.ckpt`` whatever the checkpoint callback
+      (:mod:`lit_constrained.callbacks.signals`), and ``--ckpt_path last`` without a last checkpoint an
+      error (``last-or-fresh`` starts fresh).
 
     Arguments are LightningCLI's; those given override the defaults (e.g. ``args=[...], run=False`` to
     parse and instantiate only).
@@ -111,7 +113,8 @@ class ConstrainedCLI(LightningCLI):
 
     # --- crash-safe checkpoints (lit_constrained.callbacks.checkpointing) ---
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
-        """Adds a CrashSafeCheckpoint (rolling last.ckpt) unless checkpointing is off or configured."""
+        """Adds a CrashSafeCheckpoint (rolling last.ckpt) unless checkpointing is off or configured, and
+        a StopOnSignal unless a callback handles signals already."""
         callbacks = with_default_checkpoint({**self._get(self.config_init, "trainer", default={}), **kwargs})
         if callbacks is not None:
             kwargs["callbacks"] = callbacks

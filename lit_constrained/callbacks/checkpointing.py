@@ -5,7 +5,8 @@ saving costs little, and a clean stop on SIGTERM / SIGINT.
 files) in a directory that does not change between runs (``<save_dir>/<name>/checkpoints`` of the first
 logger, or ``<default_root_dir>/checkpoints``), so ``--ckpt_path last`` finds it after a crash. The
 ``lit-constrained`` command adds one to every run that has checkpointing enabled and no
-``ModelCheckpoint`` of its own.
+``ModelCheckpoint`` of its own, and a :class:`~lit_constrained.callbacks.signals.StopOnSignal` to every
+run whose callbacks do not handle signals (a user's ``ModelCheckpoint`` does not switch them off).
 
 When to save (``every_n_steps=None``, the default): the save interval adapts so that saving costs at
 most ``overhead`` (5 %) of the training time. With ``t_save`` the measured duration of a save and
@@ -17,33 +18,43 @@ most ``overhead`` (5 %) of the training time. With ``t_save`` the measured durat
     \\right\\rceil\\right), \\qquad \\frac{t_\\text{save}}{N\\, t_\\text{step}} \\le \\text{overhead},
 
 re-estimated after every save (running means). At most ``t_save / overhead`` seconds of work (20 saves'
-worth) are lost in a crash. A first ``last.ckpt`` is written after step 1, the final one when training
-ends.
+worth) are lost in a crash. A first ``last.ckpt`` is written after step 1, the final one after the
+run's last step.
 
-Signals: on SIGTERM (Lightning's handler notes it) or SIGINT (Ctrl+C; this callback's handler notes it,
-a second Ctrl+C interrupts at once), the current step finishes, ``last.ckpt`` is written, and the
-process exits with status 1 and a one-line message saying where the checkpoint is and how to resume.
+Under DDP a save is a collective (every rank takes part), so whether a step saves must be the same
+decision on every rank: it depends on the step count and N only, and N is rank 0's estimate, broadcast
+to every rank at each save (the ranks' own timings differ, and a save entered by one rank only
+deadlocks the run).
+
+The final save happens at the end of the run's last training step (``max_steps`` reached, or the
+last batch of the last epoch), the point every periodic save uses: a run extended from it (a larger
+``max_steps`` or ``max_epochs``) takes exactly the steps of an uninterrupted longer run. (A save after
+the fit loop has closed the epoch, at ``on_train_end``, resumes one epoch's shuffle off under
+``max_steps``: Lightning restores it as an epoch already consumed. It is kept only for runs that end
+otherwise, e.g. by early stopping.)
+
+Signals (``handle_signals=True``): the :class:`~lit_constrained.callbacks.signals.StopOnSignal`
+behaviour, saving through this callback: all ranks stop after the same step, ``last.ckpt`` is written,
+the step is logged, and the process exits with status 1 and a one-line message saying where the
+checkpoint is and how to resume.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import signal
-import sys
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lit_constrained.callbacks.signals import StopOnSignal, TrainingInterrupted, training_ends_after_batch
 
-class TrainingInterrupted(SystemExit):
-    """Raised (exit status 1) after a SIGTERM/SIGINT once ``last.ckpt`` is written; its text is the
-    one-line message printed on exit."""
+__all__ = ["CrashSafeCheckpoint", "MissingCheckpointError", "TrainingInterrupted", "resolve_last",
+           "handles_signals", "stable_checkpoint_dir", "with_default_checkpoint"]
 
 
 def stable_checkpoint_dir(trainer: "pl.Trainer") -> str:
@@ -58,7 +69,8 @@ def stable_checkpoint_dir(trainer: "pl.Trainer") -> str:
 
 
 class CrashSafeCheckpoint(ModelCheckpoint):
-    """A rolling ``last.ckpt`` every N training steps (N adaptive by default) and on SIGTERM/SIGINT.
+    """A rolling ``last.ckpt`` every N training steps (N adaptive by default), after the last step and
+    on SIGTERM/SIGINT.
 
     Args:
         dirpath: where ``last.ckpt`` goes (default: :func:`stable_checkpoint_dir`).
@@ -67,7 +79,8 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         overhead: the target fraction of training time spent saving (adaptive mode), in (0, 1).
         max_every_n_steps: upper bound of the adaptive interval (bounds the work a crash loses when
             saving is slow relative to a step).
-        handle_signals: save and exit on SIGTERM/SIGINT.
+        handle_signals: stop, save and exit on SIGTERM/SIGINT
+            (:class:`~lit_constrained.callbacks.signals.StopOnSignal`, saving through this callback).
     """
 
     def __init__(
@@ -90,6 +103,7 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         self.overhead = float(overhead)
         self.max_every_n_steps = int(max_every_n_steps)
         self.handle_signals = handle_signals
+        self.signals = StopOnSignal(save=self.save_now) if handle_signals else None
         self.interval = every_n_steps or 1
         self.save_seconds: list[float] = []  # the last 20 saves' durations (the interval's estimate)
         self.total_save_seconds = 0.0
@@ -98,8 +112,6 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         self._steps_timed = 0
         self._last_batch_end: float | None = None
         self._last_saved_step = -1
-        self._signal: str | None = None
-        self._previous_sigint: Any = None
 
     @property
     def state_key(self) -> str:
@@ -116,34 +128,32 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         if self.dirpath is None:
             self.dirpath = stable_checkpoint_dir(trainer)
         super().setup(trainer, pl_module, stage)
-        # one process: Ctrl+C stops after the step. Under DDP every rank gets the terminal's SIGINT at its
-        # own moment, so the ranks could stop at different steps: leave Ctrl+C to Lightning there (SIGTERM
-        # is broadcast from rank 0 by Lightning at every step)
-        if stage == "fit" and self.handle_signals and trainer.world_size == 1:
-            self._install_sigint()
-
-    def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
-        self._restore_sigint()
-        super().teardown(trainer, pl_module, stage)
 
     # ------------------------------------------------------------------ when
     def mean_step_seconds(self) -> float | None:
         """The measured mean duration of a training step (saves excluded), or None before two steps."""
         return self._step_seconds / self._steps_timed if self._steps_timed else None
 
-    def _adapt_interval(self) -> None:
+    def proposed_interval(self) -> int:
+        """N from this process's timings (the module docstring's formula); the current N in fixed mode or
+        before a step and a save were timed."""
         step = self.mean_step_seconds()
         if self.every_n_steps is not None or step is None or not self.save_seconds:
-            return
+            return self.interval
         save = sum(self.save_seconds) / len(self.save_seconds)
         needed = math.ceil(save / (self.overhead * max(step, 1e-9)))
-        self.interval = max(1, min(self.max_every_n_steps, needed))
+        return max(1, min(self.max_every_n_steps, needed))
 
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        super().on_train_start(trainer, pl_module)
         # a resumed run starts from a saved step: count the interval from there
         self._last_saved_step = trainer.global_step if trainer.global_step > 0 else -1
+        if self.signals is not None:
+            self.signals.on_train_start(trainer, pl_module)
 
     def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any, batch_idx: int) -> None:
+        if self.signals is not None:
+            self.signals.on_train_batch_start(trainer, pl_module, batch, batch_idx)
         if self._last_batch_end is None:
             self._last_batch_end = time.perf_counter()
 
@@ -154,35 +164,54 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         if self._last_batch_end is not None:
             self._step_seconds += now - self._last_batch_end
             self._steps_timed += 1
-        step = trainer.global_step
-        stop = self._signal or ("SIGTERM" if trainer.received_sigterm else None)
-        if stop is not None or self._due(step):
+        if self._due(trainer.global_step) or training_ends_after_batch(trainer, batch_idx):
             self._save_last(trainer)
-        if stop is not None:
-            self._restore_sigint()
-            path = self.last_model_path
-            raise TrainingInterrupted(
-                f"lit-constrained: {stop} received: stopped after step {step}, saved {path}; "
-                "resume with --ckpt_path last (or the path)."
-            )
+        if self.signals is not None:
+            self.signals.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self._last_batch_end = time.perf_counter()
 
     def _due(self, step: int) -> bool:
         """Fixed interval: every multiple of ``every_n_steps``. Adaptive: after step 1, then whenever
-        ``interval`` steps have passed since the last save."""
+        ``interval`` steps have passed since the last save. The same answer on every rank."""
         if self.every_n_steps is not None:
             return step % self.every_n_steps == 0
         return self._last_saved_step < 0 or step - self._last_saved_step >= self.interval
 
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        return  # only step-based and final saves
+        if self.signals is not None:  # only step-based and final saves
+            self.signals.on_train_epoch_end(trainer, pl_module)
+
+    def on_validation_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self.signals is not None:
+            self.signals.on_validation_start(trainer, pl_module)
 
     def on_validation_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         return
 
+    def on_sanity_check_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self.signals is not None:
+            self.signals.on_sanity_check_start(trainer, pl_module)
+
     def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if trainer.global_step != self._last_saved_step:  # a run ended otherwise than by its step/epoch limit
+            self._save_last(trainer)
+        if self.signals is not None:
+            self.signals.on_train_end(trainer, pl_module)
+
+    def on_exception(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", exception: BaseException) -> None:
+        if self.signals is not None:
+            self.signals.on_exception(trainer, pl_module, exception)
+
+    def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        if self.signals is not None:
+            self.signals.teardown(trainer, pl_module, stage)
+        super().teardown(trainer, pl_module, stage)
+
+    def save_now(self, trainer: "pl.Trainer") -> str:
+        """Write ``last.ckpt`` at this step unless it already was (every rank calls it); its path."""
         if trainer.global_step != self._last_saved_step:
             self._save_last(trainer)
+        return self.last_model_path
 
     def _save_last(self, trainer: "pl.Trainer") -> None:
         if self._should_skip_saving_checkpoint(trainer):
@@ -194,35 +223,8 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         self.num_saves += 1
         self.save_seconds = [*self.save_seconds[-19:], elapsed]
         self._last_saved_step = trainer.global_step
-        self._adapt_interval()
-
-    # ------------------------------------------------------------------ signals
-    def _install_sigint(self) -> None:
-        if self._previous_sigint is not None:
-            return
-        try:
-            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
-        except ValueError:  # not the main thread: leave SIGINT alone
-            self._previous_sigint = None
-
-    def _restore_sigint(self) -> None:
-        if self._previous_sigint is not None:
-            try:
-                signal.signal(signal.SIGINT, self._previous_sigint)
-            except ValueError:
-                pass
-            self._previous_sigint = None
-
-    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
-        if self._signal is not None:  # a second Ctrl+C: stop now, without waiting for the step
-            self._restore_sigint()
-            raise KeyboardInterrupt
-        self._signal = "SIGINT"
-        print(
-            "lit-constrained: SIGINT received: finishing the step, then saving last.ckpt (Ctrl+C again to abort).",
-            file=sys.stderr,
-            flush=True,
-        )
+        # every rank is here (the decision to save is shared): take rank 0's N, so the next save is too
+        self.interval = int(trainer.strategy.broadcast(self.proposed_interval(), src=0))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -235,22 +237,38 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         self.interval = int(state_dict.get("interval", self.interval))
 
 
+def _as_list(callbacks: Any) -> list[Any]:
+    if callbacks is None:
+        return []
+    return list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+
+
 def has_checkpoint_callback(callbacks: Any) -> bool:
     """Whether a (list of) callback(s) already holds a ``ModelCheckpoint``."""
-    if callbacks is None:
-        return False
-    items = callbacks if isinstance(callbacks, (list, tuple)) else [callbacks]
-    return any(isinstance(cb, ModelCheckpoint) for cb in items)
+    return any(isinstance(cb, ModelCheckpoint) for cb in _as_list(callbacks))
+
+
+def handles_signals(callbacks: Any) -> bool:
+    """Whether a (list of) callback(s) decides what SIGTERM/SIGINT do: a StopOnSignal, or a
+    CrashSafeCheckpoint (whose ``handle_signals`` is the user's choice)."""
+    return any(isinstance(cb, (StopOnSignal, CrashSafeCheckpoint)) for cb in _as_list(callbacks))
 
 
 def with_default_checkpoint(trainer_config: dict[str, Any]) -> list[Any] | None:
-    """The trainer's callbacks plus a :class:`CrashSafeCheckpoint` when checkpointing is enabled
-    (``enable_checkpointing`` not False) and no ``ModelCheckpoint`` is configured; None: unchanged."""
-    callbacks = trainer_config.get("callbacks")
-    if trainer_config.get("enable_checkpointing") is False or has_checkpoint_callback(callbacks):
-        return None
-    items = [] if callbacks is None else list(callbacks if isinstance(callbacks, (list, tuple)) else [callbacks])
-    return items + [CrashSafeCheckpoint()]
+    """The trainer's callbacks plus the package's defaults; None: unchanged.
+
+    * a :class:`CrashSafeCheckpoint` when checkpointing is enabled (``enable_checkpointing`` not
+      False) and no ``ModelCheckpoint`` is configured (it handles the signals too);
+    * otherwise a :class:`~lit_constrained.callbacks.signals.StopOnSignal` unless a callback already
+      handles signals: with a user's ``ModelCheckpoint`` a stop writes ``last.ckpt`` in its
+      directory; with checkpointing off it stops cleanly and saves nothing.
+    """
+    items = _as_list(trainer_config.get("callbacks"))
+    if trainer_config.get("enable_checkpointing") is not False and not has_checkpoint_callback(items):
+        return items + [CrashSafeCheckpoint()]
+    if not handles_signals(items):
+        return items + [StopOnSignal()]
+    return None
 
 
 class MissingCheckpointError(FileNotFoundError):

@@ -23,6 +23,7 @@ from lit_constrained.callbacks.checkpointing import (
     resolve_last,
     with_default_checkpoint,
 )
+from lit_constrained.callbacks.signals import StopOnSignal
 from lit_constrained.optim import SQPAdam
 from lit_constrained.tasks.curve import CurveData, CurveFit
 
@@ -61,15 +62,15 @@ def test_adaptive_interval_keeps_saving_under_the_overhead_budget() -> None:
     cb = CrashSafeCheckpoint(overhead=0.05)
     cb.save_seconds = [0.1]
     cb._step_seconds, cb._steps_timed = 0.001 * 50, 50
-    cb._adapt_interval()
-    assert cb.interval == 2000
-    assert cb.save_seconds[0] / (cb.interval * 0.001) <= 0.05
+    assert cb.proposed_interval() == 2000
+    assert cb.save_seconds[0] / (2000 * 0.001) <= 0.05
     cb.save_seconds = [2e-5]  # a save at 2 % of a step: every step
-    cb._adapt_interval()
-    assert cb.interval == 1
+    assert cb.proposed_interval() == 1
     cb.save_seconds = [1e3]
-    cb._adapt_interval()
-    assert cb.interval == cb.max_every_n_steps
+    assert cb.proposed_interval() == cb.max_every_n_steps
+    fixed = CrashSafeCheckpoint(every_n_steps=7)
+    fixed.save_seconds, fixed._step_seconds, fixed._steps_timed = [1e3], 1e-3, 1
+    assert fixed.proposed_interval() == 7
 
 
 def test_adaptive_mode_measures_its_own_overhead(tmp_path: Path) -> None:
@@ -93,12 +94,18 @@ def test_bad_arguments_are_rejected() -> None:
         CrashSafeCheckpoint(overhead=1.5)
 
 
-def test_default_checkpoint_is_added_only_when_checkpointing_is_on_and_unconfigured() -> None:
+def test_defaults_add_a_checkpoint_when_unconfigured_and_signal_handling_always() -> None:
     added = with_default_checkpoint({"callbacks": None})
-    assert added is not None and isinstance(added[-1], CrashSafeCheckpoint)
-    assert with_default_checkpoint({"enable_checkpointing": False}) is None
+    assert added is not None and len(added) == 1 and isinstance(added[0], CrashSafeCheckpoint)
+    assert added[0].signals is not None  # the crash-safe checkpoint handles the signals itself
+    off = with_default_checkpoint({"enable_checkpointing": False})
+    assert off is not None and [type(cb) for cb in off] == [StopOnSignal]
     own = pl.callbacks.ModelCheckpoint()
-    assert with_default_checkpoint({"callbacks": [own]}) is None
+    with_own = with_default_checkpoint({"callbacks": [own]})
+    assert with_own is not None and with_own[0] is own and [type(cb) for cb in with_own[1:]] == [StopOnSignal]
+    assert with_default_checkpoint({"callbacks": [own, StopOnSignal()]}) is None
+    # a CrashSafeCheckpoint configured with handle_signals=False: the user's choice stands
+    assert with_default_checkpoint({"callbacks": [CrashSafeCheckpoint(handle_signals=False)]}) is None
 
 
 def test_ckpt_path_last_without_a_checkpoint_is_an_error(tmp_path: Path) -> None:
