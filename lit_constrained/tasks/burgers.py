@@ -21,7 +21,11 @@ the objective on a batch B of grid rows is
 
 with :math:`w_r = w_b = 10^{-3}`, :math:`w_d = 1` and D the 200 labelled rows per initial
 condition (an empty subset contributes 0). The hard constraints are the residual at m = 10 fixed
-training rows, :math:`c(\theta) = (r_\theta(z_1), \dots, r_\theta(z_m)) = 0`.
+training rows, :math:`c(\theta) = (r_\theta(z_1), \dots, r_\theta(z_m)) = 0`, declared point by
+point (:meth:`Burgers.imposed`), so their Jacobian is the per-point one
+(:mod:`lit_constrained.optim.pointwise`, linear in m): the Taylor derivatives of the imposed residual
+run in plain tensor operations (``mlp_taylor(..., transformable=True)``), valid inside ``torch.func``;
+``derivative="autograd"`` takes the engine's chunked-autograd path.
 
 Test metric: the relative L2 error :math:`\|u_\theta - u\|_2 / \|u\|_2` over all grid rows of the
 held-out initial conditions (``val/rel_l2``, ``test/rel_l2``). At every validation a figure of the
@@ -31,13 +35,14 @@ TensorBoard (``prediction``). The data live in :mod:`lit_constrained.tasks.burge
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lit_constrained.imposed import Imposed
 from lit_constrained.metrics.relative_l2 import RelativeL2Error
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.tasks.burgers_data import (
@@ -101,7 +106,7 @@ def burgers_derivatives(u_fn: Callable[[Tensor], Tensor], inputs: Tensor) -> Der
     return Derivatives(u, u_x.reshape(-1), u_t.reshape(-1), u_xx.reshape(-1))
 
 
-def taylor_derivatives(net: nn.Sequential, inputs: Tensor) -> Derivatives:
+def taylor_derivatives(net: nn.Sequential, inputs: Tensor, transformable: bool = False) -> Derivatives:
     r"""u, u_x, u_t, u_xx of an :func:`~lit_constrained.tasks.common.mlp` (Linear and Tanh layers,
     one output) at ``inputs`` (N, 2 + n_x) = [x, t, u0 on the grid], in one forward pass.
 
@@ -109,12 +114,13 @@ def taylor_derivatives(net: nn.Sequential, inputs: Tensor) -> Derivatives:
     u_x and, to second order, u_xx) and :math:`e_t` (column 1: u_t), the same for every row. Same
     values as :func:`burgers_derivatives`; a training step (objective forward and backward) costs
     less. Needs no autograd for the input derivatives, so it also runs under ``torch.no_grad()``.
+    ``transformable``: in plain tensor operations (valid inside ``torch.func`` transforms).
     """
     _check_inputs(inputs)
     directions = inputs.new_zeros(2, 1, inputs.shape[1])
     directions[0, 0, 0] = 1.0  # e_x
     directions[1, 0, 1] = 1.0  # e_t
-    u, first, second = mlp_taylor(net, inputs, directions, n_second=1)
+    u, first, second = mlp_taylor(net, inputs, directions, n_second=1, transformable=transformable)
     return Derivatives(u.reshape(-1), first[0].reshape(-1), first[1].reshape(-1), second[0].reshape(-1))
 
 
@@ -200,16 +206,18 @@ class Burgers(ConstrainedModule):
                 "use the same n_x for the task and BurgersData."
             )
 
-    def derivatives(self, inputs: Tensor) -> Derivatives:
-        """u, u_x, u_t, u_xx of the network at ``inputs`` (N, 2 + n_x), by the ``derivative`` mode."""
+    def derivatives(self, inputs: Tensor, transformable: bool = False) -> Derivatives:
+        """u, u_x, u_t, u_xx of the network at ``inputs`` (N, 2 + n_x), by the ``derivative`` mode
+        (``transformable``: the Taylor mode in plain tensor operations, see :func:`taylor_derivatives`)."""
         self._check_width(inputs)
         if self.derivative == "autograd":
             return burgers_derivatives(self.net, inputs)
-        return taylor_derivatives(self.net, inputs)
+        return taylor_derivatives(self.net, inputs, transformable)
 
     def residual(self, inputs: Tensor) -> Tensor:
-        """The PDE residual of the network at ``inputs`` (N, 2 + n_x); returns (N,)."""
-        return burgers_residual(self.derivatives(inputs), self.nu)
+        """The PDE residual of the network at ``inputs`` (N, 2 + n_x); returns (N,). In plain tensor
+        operations (the imposed residual: it also runs inside the per-point Jacobian's ``torch.func``)."""
+        return burgers_residual(self.derivatives(inputs, transformable=True), self.nu)
 
     def objective(self, batch: dict[str, Tensor]) -> Tensor:
         inputs, u = batch["inputs"], batch["u"]
@@ -225,9 +233,10 @@ class Burgers(ConstrainedModule):
         return (self.residual_weight * residual + self.boundary_weight * (periodic + initial)
                 + self.data_weight * data)
 
-    def constraints(self, batch: dict[str, Tensor]) -> Tensor | None:
+    def imposed(self, batch: dict[str, Tensor]) -> Mapping[str, Imposed] | None:
+        """The PDE residual at the m constraint rows ``x_con`` (None when m = 0)."""
         x_con = batch["x_con"]
-        return self.residual(x_con) if x_con.shape[0] > 0 else None
+        return {"pde": Imposed(self.residual, x_con)} if x_con.shape[0] > 0 else None
 
     def validation_constraints(self, batch: dict[str, Tensor]) -> Tensor | None:
         """The residual at every row of the held-out batch (the PDE holds everywhere, not only at

@@ -21,6 +21,12 @@ batch B with labeled rows L (a fixed random 20 % of all rows):
 
     c(\\theta) = \\big(b_\\theta(x_1), \\dots, b_\\theta(x_m)\\big) = 0 \\quad (m = 10 \\text{ fixed random rows}).
 
+The constraints are declared point by point (:meth:`Chemistry.imposed`: the mass balance at the rows
+``x_con``), so their Jacobian is the per-point one (:mod:`lit_constrained.optim.pointwise`, linear in
+m); with the default ``derivative="taylor"`` the imposed residual carries the tangent in plain tensor
+operations (``mlp_taylor(..., transformable=True)``), which run inside ``torch.func``; the other
+modes take the engine's chunked-autograd path.
+
 Optional fixed affine normalization (``normalize=True``, off in the faithful reproduction):
 :math:`u_\\theta(x) = \\mu_u + \\sigma_u \\odot N_\\theta((x - \\mu_x) / \\sigma_x)` with constants from the
 problem itself (nominal trajectory, initial-condition spread, time horizon); the objective and the
@@ -34,7 +40,7 @@ The data live in :mod:`lit_constrained.tasks.chemistry_data` (re-exported here).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -42,6 +48,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
+from lit_constrained.imposed import Imposed
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.tasks.chemistry_data import (
@@ -191,8 +198,9 @@ class Chemistry(ConstrainedModule):
         """u(u0, t) for rows x = (u0, t) of shape (N, 5); returns (N, 4)."""
         return self.out_shift + self.out_scale * self.net((x - self.in_shift) / self.in_scale)
 
-    def state_and_rate(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(u, du/dt) of the network at rows x, both (N, 4)."""
+    def state_and_rate(self, x: Tensor, transformable: bool = False) -> tuple[Tensor, Tensor]:
+        """(u, du/dt) of the network at rows x, both (N, 4); ``transformable``: in plain tensor
+        operations (``derivative="taylor"``: valid inside ``torch.func`` transforms too)."""
         if self.derivative != "taylor":
             return state_and_rate(self, x, self.derivative)
         if x.dim() != 2 or x.shape[1] <= TIME_COLUMN:
@@ -201,7 +209,7 @@ class Chemistry(ConstrainedModule):
         # (one direction shared by every row)
         direction = x.new_zeros(1, 1, x.shape[1])
         direction[0, 0, TIME_COLUMN] = 1.0 / self.in_scale[TIME_COLUMN]
-        out, rate, _ = mlp_taylor(self.net, (x - self.in_shift) / self.in_scale, direction)
+        out, rate, _ = mlp_taylor(self.net, (x - self.in_shift) / self.in_scale, direction, transformable=transformable)
         return self.out_shift + self.out_scale * out, self.out_scale * rate[0]
 
     def ode_residual(self, u: Tensor, rate: Tensor) -> Tensor:
@@ -223,9 +231,14 @@ class Chemistry(ConstrainedModule):
         data_error = (squared_error * labeled).sum() / labeled.sum().clamp(min=1.0)
         return f + self.data_weight * data_error
 
-    def constraints(self, batch: dict[str, Tensor]) -> Tensor:
-        _, rate = self.state_and_rate(batch["x_con"])
+    def mass_balance(self, x: Tensor) -> Tensor:
+        """The mass-balance residual w^T du/dt of the network at rows x (N, 5); returns (N,)."""
+        _, rate = self.state_and_rate(x, transformable=True)
         return self.mass_residual(rate)
+
+    def imposed(self, batch: dict[str, Tensor]) -> Mapping[str, Imposed]:
+        """The mass balance at the m constraint rows ``x_con``."""
+        return {"mass": Imposed(self.mass_balance, batch["x_con"])}
 
     def validation_constraints(self, batch: dict[str, Tensor]) -> Tensor:
         """The mass-balance residual at every row of the (held-out) batch."""

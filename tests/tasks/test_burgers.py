@@ -311,3 +311,24 @@ def test_short_fit_with_sqp_adam_lowers_objective_and_violation(tmp_path, reques
     events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
     events.Reload()
     assert "prediction" in events.Tags()["images"]
+
+
+@pytest.mark.parametrize("derivative", ["taylor", "autograd"])
+def test_imposed_pde_residual_has_a_per_point_jacobian_equal_to_the_general_one(derivative: str) -> None:
+    """The second-order residual at 40 points: per point under torch.func (Taylor mode) or by the
+    chunked-autograd path (nested torch.autograd.grad), both equal to the general autograd J."""
+    from lit_constrained.optim import constraint_jacobian
+
+    torch.manual_seed(0)
+    task = Burgers(hidden=16, depth=2, dtype="float64", derivative=derivative)
+    batch = {"x_con": random_inputs(40)}
+    params = list(task.parameters())
+    c = task.constraints(batch)
+    if derivative == "taylor":
+        J = task.constraint_jacobian(batch, c, params)
+    else:
+        with pytest.warns(RuntimeWarning, match="chunked autograd"):
+            J = task.constraint_jacobian(batch, c, params)
+    assert task.pointwise_jacobian.paths == {task.residual: "func" if derivative == "taylor" else "autograd"}
+    torch.testing.assert_close(J, constraint_jacobian(c, params), rtol=1e-11, atol=1e-11)
+    assert task.imposed({"x_con": random_inputs(0)}) is None  # m = 0: no constraints

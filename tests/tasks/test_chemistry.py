@@ -231,3 +231,24 @@ def test_short_sqp_adam_fit_lowers_objective_and_violation(tmp_path: Path) -> No
     assert {"val/mse", "val/rel_l2", "Violation/val", "residual/val"} <= set(trainer.callback_metrics)
     events = EventAccumulator(str(Path(logger.log_dir))).Reload()
     assert "prediction" in events.Tags()["images"]
+
+
+@pytest.mark.parametrize("derivative", ["taylor", "reverse"])
+def test_imposed_mass_balance_has_a_per_point_jacobian_equal_to_the_general_one(derivative: str) -> None:
+    """m = 40 rows (past the engine's small-part size): the Taylor mode's imposed residual runs inside
+    torch.func, the reverse mode's on the chunked-autograd path; both equal the general J."""
+    from lit_constrained.optim import constraint_jacobian
+
+    torch.manual_seed(0)
+    task = Chemistry(dtype="float64", hidden=16, depth=2, normalize=True, derivative=derivative)
+    batch = _batch(ChemistryData(**dict(SMALL, n_constraints=40)), "train")
+    params = list(task.parameters())
+    c = task.constraints(batch)
+    torch.testing.assert_close(c, task.mass_residual(task.state_and_rate(batch["x_con"])[1]), rtol=1e-12, atol=1e-14)
+    if derivative == "taylor":
+        J = task.constraint_jacobian(batch, c, params, rows=slice(3, 38))
+    else:
+        with pytest.warns(RuntimeWarning, match="chunked autograd"):
+            J = task.constraint_jacobian(batch, c, params, rows=slice(3, 38))
+    assert task.pointwise_jacobian.paths == {task.mass_balance: "func" if derivative == "taylor" else "autograd"}
+    torch.testing.assert_close(J, constraint_jacobian(c, params)[3:38], rtol=1e-11, atol=1e-12)
