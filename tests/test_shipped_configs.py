@@ -90,6 +90,10 @@ def test_spring_fit_raises_no_package_caused_warning(tmp_path, monkeypatch):
     _fit_with_package_warnings_as_errors("configs/spring/recommended/sqp_adam.yaml", tmp_path, monkeypatch)
 
 
+def test_poisson_fit_raises_no_package_caused_warning(tmp_path, monkeypatch):
+    _fit_with_package_warnings_as_errors("configs/poisson/recommended/sqp_adam.yaml", tmp_path, monkeypatch)
+
+
 def test_recommended_configs_use_the_default_safeguard():
     """No per-task tuning: the recommended runs rely on the optimizers' default max_normal_step."""
     for config in (c for c in CONFIGS if "/recommended/" in c):

@@ -1,13 +1,19 @@
-"""The papers' tasks. Darcy (neuraloperator's FNO, whose import pulls in several heavy packages) is
-imported on first use: ``lit_constrained.tasks.Darcy`` or ``lit_constrained.tasks.darcy``."""
+"""The papers' tasks (spring, chemistry, Burgers, Darcy) and the 2D Poisson problem.
+
+Darcy is imported on first use (``lit_constrained.tasks.Darcy`` or ``lit_constrained.tasks.darcy``); its
+FNO needs neuraloperator, the optional ``[fno]`` extra, imported only when a ``Darcy`` is built."""
 
 from typing import Any
 
 from .spring import Spring, SpringData
 from .chemistry import Chemistry, ChemistryData
 from .burgers import Burgers, BurgersData
+from .poisson import Poisson, PoissonData
 
-__all__ = ["Spring", "SpringData", "Chemistry", "ChemistryData", "Burgers", "BurgersData", "Darcy", "DarcyData"]
+__all__ = [
+    "Spring", "SpringData", "Chemistry", "ChemistryData", "Burgers", "BurgersData", "Poisson", "PoissonData",
+    "Darcy", "DarcyData",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,99 @@
+"""The 2D Poisson task: its data, its residuals against nested autograd, its imposed parts, a short fit."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+
+from lit_constrained.optim.jacobian import constraint_jacobian
+from lit_constrained.tasks.poisson import Poisson, PoissonData, poisson_exact, poisson_forcing
+from lit_constrained.tasks.poisson_data import poisson_points
+
+
+def autograd_laplacian(u_fn, x: torch.Tensor) -> torch.Tensor:
+    """Δu by nested torch.autograd.grad (the independent reference)."""
+    x = x.clone().requires_grad_(True)
+    u = u_fn(x)
+    (g,) = torch.autograd.grad(u.sum(), x, create_graph=True)
+    second = [torch.autograd.grad(g[:, i].sum(), x, create_graph=True)[0][:, i] for i in range(x.shape[1])]
+    return sum(second)
+
+
+def test_exact_solution_solves_the_problem():
+    x = torch.rand(50, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(-autograd_laplacian(poisson_exact, x), poisson_forcing(x), atol=1e-10)
+    assert torch.allclose(poisson_forcing(torch.tensor([[0.5, 0.5]], dtype=torch.float64)),
+                          torch.tensor([2 * math.pi**2], dtype=torch.float64))
+    edges = torch.tensor([[0.0, 0.3], [1.0, 0.7], [0.2, 0.0], [0.9, 1.0]], dtype=torch.float64)
+    assert float(poisson_exact(edges).abs().max()) < 1e-15
+
+
+def test_points_are_seeded_and_where_they_belong():
+    a, b = poisson_points(seed=3), poisson_points(seed=3)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["x_pde"], poisson_points(seed=4)["x_pde"])
+    assert a["x_pde"].shape == (400, 2) and a["x_bc"].shape == (100, 2)
+    assert a["x_pde_imposed"].shape == (25, 2) and a["x_bc_imposed"].shape == (25, 2)
+    for key in ("x_bc", "x_bc_imposed", "x_bc_check"):
+        x = a[key]
+        assert ((x == 0) | (x == 1)).any(1).all(), key
+    for key in ("x_pde", "x_pde_imposed", "x_pde_check"):
+        assert ((a[key] > 0) & (a[key] < 1)).all(), key
+    assert not np.isin(a["x_pde_imposed"], a["x_pde"]).all(1).any()  # the imposed points are other points
+    assert a["x_test"].shape == (51 * 51, 2) and np.allclose(a["u_test"], poisson_exact(torch.from_numpy(a["x_test"])))
+    with pytest.raises(ValueError, match="n_pde_imposed must be an integer >= 0"):
+        poisson_points(n_pde_imposed=-1)
+
+
+def test_residuals_match_nested_autograd_and_the_pointwise_jacobian_the_dense_one():
+    torch.manual_seed(0)
+    model = Poisson(dtype="float64")
+    data = PoissonData(n_pde=16, n_boundary=8, n_pde_imposed=5, n_boundary_imposed=4)
+    batch = model.prepare_batch(next(iter(data.train_dataloader())))
+    x = batch["x_pde"]
+    assert torch.allclose(model.pde_residual(x), -autograd_laplacian(model, x) - poisson_forcing(x), atol=1e-10)
+    parts = model.imposed(batch)
+    assert list(parts) == ["pde", "boundary"]
+    c = model.constraints(batch)
+    assert c.shape == (9,)
+    params = list(model.parameters())
+    reference = torch.cat([model.pde_residual(batch["x_pde_imposed"]), model(batch["x_bc_imposed"])])
+    assert torch.allclose(c, reference)
+    dense = constraint_jacobian(reference, params, method="loop")
+    assert torch.allclose(model.constraint_jacobian(batch, c, params), dense, atol=1e-10)
+
+
+def test_parts_with_no_points_are_left_out():
+    model = Poisson()
+    one = PoissonData(n_pde=8, n_boundary=8, n_pde_imposed=0, n_boundary_imposed=4)
+    batch = next(iter(one.train_dataloader()))
+    assert list(model.imposed(batch)) == ["boundary"]
+    none = PoissonData(n_pde=8, n_boundary=8, n_pde_imposed=0, n_boundary_imposed=0)
+    assert model.imposed(next(iter(none.train_dataloader()))) is None
+
+
+def test_short_fit_imposes_both_parts_and_improves_the_solution():
+    pl.seed_everything(0, verbose=False)
+    model = Poisson(optimizer={"class_path": "lit_constrained.optim.SQPAdam", "init_args": {"lr": 1e-3, "rho": "full"}},
+                    num_threads=1)
+    data = PoissonData(n_pde=100, n_boundary=40, n_pde_imposed=10, n_boundary_imposed=10, n_check=6, n_test=11)
+    trainer = pl.Trainer(max_steps=120, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, check_val_every_n_epoch=None, val_check_interval=120,
+                         log_every_n_steps=1)
+    batch = model.prepare_batch(next(iter(data.val_dataloader())))
+    with torch.no_grad():
+        start_error = float(model.evaluation_metrics(batch, "val")["rel_l2"])
+    start_violation = float(model.constraints(batch).detach().abs().max())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, data)
+    metrics = trainer.callback_metrics
+    assert float(metrics["Violation/pde/val"]) < 1e-3 * start_violation
+    assert float(metrics["Violation/boundary/val"]) < 1e-3 * start_violation
+    assert float(metrics["val/rel_l2"]) < 0.5 * start_error
+    assert model.prediction_figure() is not None
