@@ -147,6 +147,8 @@ class FitSummary(Callback):
                 return f"max |r| over all {rows} residuals of validation_constraints(){per_rank} ({m})"
             return f"max |c| over the {rows} imposed constraints, constraints() on the {stage} data{per_rank}"
         if "violation" in lowered:
+            if len(key.split("/")) == 3:  # Violation/<part>/<stage>: one part of imposed()
+                return f"max |c| of the imposed part {key.split('/')[1]!r} (imposed()) on the {stage} data"
             m_imposed = self._m or self._m_eval
             m = f"m = {m_imposed} " if m_imposed else ""
             return f"max |c| of the {m}imposed constraints, constraints() on the {stage} data"
