@@ -69,6 +69,7 @@ everything stays on the device, sync-free.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from abc import ABC, abstractmethod
@@ -114,6 +115,11 @@ DEFAULT_CONSTRAINT_TOL = 1e-6
 max |c| <= constraint_tol * max(max |c_1|, 1) (c_1: the constraints at the first step)."""
 DEFAULT_MAX_CORRECTIONS = 3
 """The default of ``max_corrections`` (0 switches the post-step corrections off: the papers' methods)."""
+BACKTRACK_ABOVE_TOL = 10.0
+BACKTRACK_GROWTH = 2.0
+MAX_BACKTRACKS = 3
+"""Step acceptance of the corrections (see ``ConstrainedOptimizer._correct``): a step whose corrected max |c|
+exceeds max(10 tol, 2 max |c_k|) is halved, at most 3 times (to 1/8 of the step)."""
 CORRECTION_STALL = 0.5
 """The corrections stop when one leaves max |c| above this fraction of the previous max |c| (the
 rounding floor of the residual is reached: more corrections would only cost forwards)."""
@@ -574,7 +580,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
             state["initial_violation"] = c.abs().max() if m else c.new_zeros(())
         if m and constraint_closure is not None and first["max_corrections"]:
             self._correct(constraint_closure, projection, refinements, exact_residual, reals, layout, state,
-                          record)
+                          record, c, delta)
         if record is not None:
             normal_norm = torch.as_tensor(normal_norm, dtype=torch.float64, device=device)
             self._record(record, state, projection, c, J, delta, scale, normal_norm, lr, refinements)
@@ -592,9 +598,11 @@ class ConstrainedOptimizer(Optimizer, ABC):
         layout: Layout,
         state: dict[str, Any],
         record: dict[str, Tensor] | None,
+        c_before: Tensor,
+        delta: Tensor,
     ) -> None:
         r"""Feasibility held to a tolerance (``../shared/spec/algorithms.md`` section 8): after the step
-        :math:`x^+ = x_k + \alpha_k d_k`, at most K = ``max_corrections`` times while
+        :math:`x^+ = x_k + \Delta_k`, at most K = ``max_corrections`` times while
         :math:`\max|c(x^+)| > \text{tol}`,
 
         .. math::
@@ -604,46 +612,81 @@ class ConstrainedOptimizer(Optimizer, ABC):
         with the step's own factorization (J at :math:`x_k`: a second-order correction, no new Jacobian;
         T and :math:`\tilde J` as in the step, so :math:`J_k \Delta x = -c(x^+)`), the same
         refinements, and only c re-evaluated (``evaluate``). tol = ``constraint_tol`` * max(max
-        :math:`|c_1|`, 1). The loop also stops when a correction leaves max |c| above
-        ``CORRECTION_STALL`` times the previous one (the residual's rounding floor), and a correction
-        that increased max |c| is undone. No correction follows a step whose normal step the safeguard
-        capped (``max_normal_step``: far from feasibility the linearization is not trusted, and an
-        uncapped Gauss-Newton correction would take the step the cap refused). Each evaluation is
-        one host read of max |c| (the decisions are the same on every rank: c is). Diagnostics:
-        ``corrections`` (taken) and ``corrected_violation`` (max |c| after them; one more evaluation, on
-        diagnostic steps only)."""
+        :math:`|c_1|`, 1). The loop stops early when a correction leaves max |c| above
+        ``CORRECTION_STALL`` times the previous one (the residual's rounding floor); a correction that
+        increased max |c| is undone.
+
+        Step acceptance: when after the corrections max |c| is still above
+        max(``BACKTRACK_ABOVE_TOL`` tol, ``BACKTRACK_GROWTH`` max :math:`|c_k|`) (the step's curvature
+        outran the linearization: the corrections with :math:`J_k` cannot restore it), the step is
+        halved, :math:`x^+ = x_k + \tau \Delta_k` with :math:`\tau = 1/2, 1/4, ...` (at most
+        ``MAX_BACKTRACKS`` times; the optimizer's state keeps the full step's update), and corrected
+        again. No correction follows a step whose normal step the safeguard capped
+        (``max_normal_step``: far from feasibility the linearization is not trusted, and an uncapped
+        Gauss-Newton correction would take the step the cap refused). Each evaluation is one host read
+        of max |c| (the decisions are the same on every rank: c is). Diagnostics: ``corrections``
+        (taken), ``step_fraction`` (:math:`\tau`) and ``corrected_violation`` (max |c| after them; an
+        evaluation of its own on diagnostic steps where none was made last)."""
         group = self.param_groups[0]
-        J, factor = projection.jacobian, projection.factor
+        J = projection.jacobian
         m, n = J.shape
-        taken, violation = 0, math.nan
+        taken, violation, fraction = 0, math.nan, 1.0
         capped = state.get("normal_step_capped")
         if capped is None or not bool(capped):  # a capped step: far from feasibility, the safeguard decides
             tol = float(group["constraint_tol"]) * max(float(state["initial_violation"]), 1.0)
-            correction = self._buffer("correction_step", (n,), J.dtype, J.device)
-            scaling = self._scaling(projection)
-            workspace = self._exact_workspace(J) if refinements and exact_residual else None
-            previous = math.inf
-            for _ in range(int(group["max_corrections"])):
-                c = self._evaluated_constraints(evaluate, m)
-                violation = float(c.abs().max())
-                if taken and not violation <= previous:  # the last correction made it worse (or NaN): undo it
-                    self._add_to_params(reals, layout, correction.neg_())
-                    taken, violation = taken - 1, previous
+            accept_below = max(BACKTRACK_ABOVE_TOL * tol, BACKTRACK_GROWTH * float(c_before.abs().max()))
+            applied = self._buffer("corrections_applied", (n,), J.dtype, J.device).zero_()
+            for backtrack in range(MAX_BACKTRACKS + 1):
+                count, violation = self._gauss_newton_corrections(
+                    evaluate, projection, refinements, exact_residual, reals, layout, tol, applied)
+                taken += count
+                if backtrack == MAX_BACKTRACKS:
                     break
-                if not violation > tol or violation > CORRECTION_STALL * previous:
+                if math.isnan(violation):
+                    violation = float(self._evaluated_constraints(evaluate, m).abs().max())
+                if violation <= accept_below:
                     break
-                sc = c.to(torch.float64)
-                merged_step(J, factor, None, 0.0, sc.numpy() if self._on_host else sc, refinements, correction,
-                            workspace, scaling, exact_residual)
-                self._add_to_params(reals, layout, self._to_x(projection, correction))
-                taken, previous, violation = taken + 1, violation, math.nan
-        elif record is not None:
-            violation = float(self._evaluated_constraints(evaluate, m).abs().max())
+                # back to x_k + (tau / 2) Delta_k: remove the corrections and half of what is left of the step
+                self._add_to_params(reals, layout, applied.add_(delta, alpha=fraction / 2).neg_())
+                applied.zero_()
+                fraction /= 2
+                violation = math.nan
         if record is not None:
             if math.isnan(violation):
                 violation = float(self._evaluated_constraints(evaluate, m).abs().max())
-            record["corrections"] = torch.tensor(float(taken), dtype=torch.float64, device=J.device)
-            record["corrected_violation"] = torch.tensor(violation, dtype=torch.float64, device=J.device)
+            as_tensor = functools.partial(torch.tensor, dtype=torch.float64, device=J.device)
+            record["corrections"] = as_tensor(float(taken))
+            record["step_fraction"] = as_tensor(fraction)
+            record["corrected_violation"] = as_tensor(violation)
+
+    def _gauss_newton_corrections(
+        self, evaluate: Callable[[], Tensor], projection: Projection, refinements: int, exact_residual: bool,
+        reals: list[Tensor], layout: Layout, tol: float, applied: Tensor,
+    ) -> tuple[int, float]:
+        """The correction loop of :meth:`_correct` (each correction also added to ``applied``): the number
+        taken and the last evaluated max |c| (NaN when the last correction was not evaluated after)."""
+        J, factor = projection.jacobian, projection.factor
+        m, n = J.shape
+        correction = self._buffer("correction_step", (n,), J.dtype, J.device)
+        scaling = self._scaling(projection)
+        workspace = self._exact_workspace(J) if refinements and exact_residual else None
+        taken, previous, violation = 0, math.inf, math.nan
+        for _ in range(int(self.param_groups[0]["max_corrections"])):
+            c = self._evaluated_constraints(evaluate, m)
+            violation = float(c.abs().max())
+            if taken and not violation <= previous:  # the last correction made it worse (or NaN): undo it
+                self._add_to_params(reals, layout, correction.neg_())
+                applied.add_(correction)
+                return taken - 1, previous
+            if not violation > tol or violation > CORRECTION_STALL * previous:
+                return taken, violation
+            sc = c.to(torch.float64)
+            merged_step(J, factor, None, 0.0, sc.numpy() if self._on_host else sc, refinements, correction,
+                        workspace, scaling, exact_residual)
+            self._add_to_params(reals, layout, self._to_x(projection, correction))
+            applied.add_(correction)
+            taken, previous, violation = taken + 1, violation, math.nan
+        return taken, violation
 
     def _warn_if_dependent(self, rank: int, m: int, n: int, condition: float) -> None:
         """One warning per optimizer when the imposed constraints are numerically dependent (rank < m):

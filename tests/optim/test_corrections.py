@@ -83,7 +83,7 @@ def test_adam_con_correction_solves_the_linearized_constraints_in_its_metric():
     before: dict[str, torch.Tensor] = {}
 
     def constraints_now() -> torch.Tensor:
-        before["x"] = p.detach().clone()
+        before.setdefault("x", p.detach().clone())  # (later calls: the acceptance check)
         return circle_constraints(p.detach())
 
     optimizer.step(constraints=c, jacobian=J, constraint_closure=constraints_now)
@@ -200,3 +200,31 @@ def test_dependent_constraints_and_more_constraints_than_parameters_warn_once_wi
         _warnings.simplefilter("error")
         p.grad = torch.zeros(3, dtype=F64)
         optimizer.step(constraints=torch.ones(5, dtype=F64), jacobian=J)  # once per optimizer
+
+
+def test_a_step_the_corrections_cannot_restore_is_halved():
+    """c(x) = x1 - 1 + x0^2 x1 with J taken at the feasible x_k = (0, 1): after a long tangential step along
+    x0 the correction with J_k overshoots (it is undone), so the step is halved until the corrected
+    violation is small or three halvings; the accepted point is the dense computation's."""
+    x0 = torch.tensor([0.0, 1.0], dtype=F64)
+    p = torch.nn.Parameter(x0.clone())
+    optimizer = SQPHeavyBall([p], lr=1.0, momentum=0.0, max_corrections=1, max_normal_step=None)
+
+    def c_of(x: torch.Tensor) -> torch.Tensor:
+        return (x[1] - 1.0 + x[0] ** 2 * x[1]).reshape(1)
+
+    J = torch.tensor([[0.0, 1.0]], dtype=F64)  # the exact J at x0
+    p.grad = torch.tensor([-3.0, 0.0], dtype=F64)  # a long tangential step along x0
+    optimizer.step(constraints=c_of(x0), jacobian=J, diagnostics=True, constraint_closure=lambda: c_of(p.detach()))
+    # independent: tau = 1, 1/2, 1/4, 1/8: x = x_k + tau (3, 0), one correction with J_k (undone if it made
+    # c worse); accepted once max |c| <= max(10 tol, 2 max |c_k|) = 1e-5, or at tau = 1/8
+    for tau in (1.0, 0.5, 0.25, 0.125):
+        x = x0 + tau * torch.tensor([3.0, 0.0], dtype=F64)
+        corrected = x - J.T @ torch.linalg.solve(J @ J.T, c_of(x))
+        if float(c_of(corrected).abs()) <= float(c_of(x).abs()):
+            x = corrected
+        if float(c_of(x).abs()) <= 1e-5:
+            break
+    assert float(optimizer.diagnostics["step_fraction"]) == tau == 0.125
+    torch.testing.assert_close(p.detach(), x, rtol=0, atol=1e-14)
+    assert float(optimizer.diagnostics["corrected_violation"]) == pytest.approx(float(c_of(x).abs()), rel=1e-12)
