@@ -101,6 +101,9 @@ TASKS: dict[str, TaskGrid] = {
     # not a paper problem: the package's minimal example (fast; used by the tests)
     "curve": TaskGrid(lrs=(1e-2, 1e-3), rho={"*": 1.0}, test_metric="mse", batch_modes=False,
                       budget_note="Not a paper problem: the budget of configs/curve/sqp_adam.yaml."),
+    # not a paper problem: 2D Poisson (PINA's problem zoo), the PDE and u = 0 imposed at 25 + 25 points
+    "poisson": TaskGrid(lrs=(1e-3, 1e-4), rho={"*": 1.0}, test_metric="rel_l2",
+                        budget_note="Not a paper problem: the budget of configs/poisson/sqp_adam.yaml."),
 }
 
 
