@@ -31,6 +31,7 @@ import lit_constrained.callbacks  # noqa: F401  (registers short class paths)
 import lit_constrained.optim  # noqa: F401
 import lit_constrained.tasks  # noqa: F401
 from lit_constrained.callbacks.checkpointing import resolve_last, with_default_checkpoint
+from lit_constrained.callbacks.watchdog import LauncherWatchdog
 from lit_constrained.callbacks.monitoring import default_logger
 from lit_constrained.callbacks.progress import LineProgress
 from lit_constrained.class_spec import TRUSTED_MODULES, check_trusted, class_paths_in
@@ -50,8 +51,9 @@ class ConstrainedCLI(LightningCLI):
       logger is configured, a line-per-interval progress report when stdout is not a terminal, a
       rolling crash-safe ``last.ckpt`` unless checkpointing is configured or off, SIGTERM/SIGINT
       stopping every rank after the same step with one ``last.ckpt`` whatever the checkpoint callback
-      (:mod:`lit_constrained.callbacks.signals`), and ``--ckpt_path last`` without a last checkpoint an
-      error (``last-or-fresh`` starts fresh).
+      (:mod:`lit_constrained.callbacks.signals`), under DDP a rank whose launching process died ending too
+      (:class:`~lit_constrained.callbacks.watchdog.LauncherWatchdog`), and ``--ckpt_path last`` without a
+      last checkpoint an error (``last-or-fresh`` starts fresh).
 
     Arguments are LightningCLI's; those given override the defaults (e.g. ``args=[...], run=False`` to
     parse and instantiate only).
@@ -113,11 +115,16 @@ class ConstrainedCLI(LightningCLI):
 
     # --- crash-safe checkpoints (lit_constrained.callbacks.checkpointing) ---
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
-        """Adds a CrashSafeCheckpoint (rolling last.ckpt) unless checkpointing is off or configured, and
-        a StopOnSignal unless a callback handles signals already."""
-        callbacks = with_default_checkpoint({**self._get(self.config_init, "trainer", default={}), **kwargs})
-        if callbacks is not None:
-            kwargs["callbacks"] = callbacks
+        """Adds a CrashSafeCheckpoint (rolling last.ckpt) unless checkpointing is off or configured, a
+        StopOnSignal unless a callback handles signals already, and a LauncherWatchdog unless configured."""
+        config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        callbacks = with_default_checkpoint(config)
+        if callbacks is None:
+            configured = config.get("callbacks")
+            callbacks = list(configured) if isinstance(configured, (list, tuple)) else [] if configured is None else [configured]
+        if not any(isinstance(c, LauncherWatchdog) for c in callbacks):
+            callbacks = [*callbacks, LauncherWatchdog()]
+        kwargs["callbacks"] = callbacks
         return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
