@@ -128,6 +128,22 @@ def _rel(key: str) -> float:
     return 1e-9 if key.startswith("optim/") else 1e-12
 
 
+def _linearized_roundoff_bound(metrics: dict[tuple[int, str], float], step: int, m: int) -> float:
+    """What round-off alone can make of ``optim/linearized_feasibility_error`` = ||J d + s c|| / (s ||c||)
+    at ``step`` (d the step, s its scale), from the same step's logged norms.
+
+    In exact arithmetic J d_n = -s c and J d_t = 0 (d = d_n + d_t, normal and tangential). Forming J d
+    (n terms a row) errs by at most about n eps ||J||_F ||d|| <= n eps sqrt(m) ||J||_2 (||d_n|| + ||d_t||),
+    while s ||c|| = ||J d_n|| >= sigma_min ||d_n||: at most n eps sqrt(m) kappa (1 + ||d_t|| / ||d_n||), with
+    kappa = ||J||_2 / sigma_min = sqrt(gram_condition) (1 when it is not charted, a constant: m = 1).
+    """
+    n = 4 * HIDDEN + 1
+    kappa = math.sqrt(metrics.get((step, "optim/gram_condition"), 1.0))
+    normal = metrics[(step, "optim/normal_step_norm")]
+    tangential = metrics[(step, "optim/tangential_step_norm")]
+    return n * torch.finfo(torch.float64).eps * math.sqrt(m) * kappa * (1.0 + tangential / normal)
+
+
 # ---------------------------------------------------------------------------- the tests
 
 
@@ -350,8 +366,14 @@ def test_variant_two_processes_equal_one_process(
     logged, logged_ref = _metrics_by_step(rank0), _metrics_by_step(ref)
     assert sorted(logged) == sorted(logged_ref)
     for key, value in logged.items():
-        tiny = 1e-12 if key[1] == "optim/linearized_feasibility_error" else 1e-14  # a round-off measure (~1e-13)
-        assert value == pytest.approx(logged_ref[key], rel=_rel(key[1]), abs=tiny), key
+        if key[1] == "optim/linearized_feasibility_error":
+            # round-off alone, divided by s ||c||, and the corrections bring ||c|| to ~1e-9 here: the
+            # two runs' summation orders give unrelated values (e.g. 0 and 5e-10 at one step), so each
+            # run's value is held to the round-off bound, not to the other run's
+            for metrics in (logged, logged_ref):
+                assert metrics[key] <= _linearized_roundoff_bound(metrics, key[0], m), (key, metrics[key])
+            continue
+        assert value == pytest.approx(logged_ref[key], rel=_rel(key[1]), abs=1e-14), key
     if name in helpers.JACOBIAN_OPTIMIZERS:
         rows = {"one_anchor": [[(1, 0, 1)], [(1, 1, 1)]], "per_rank": [[(2, 0, 2)], [(2, 0, 2)]]}[variant]
         assert [rank0["jacobian_rows"], rank1["jacobian_rows"]] == [r * STEPS for r in rows]

@@ -189,15 +189,50 @@ def test_varying_scalars_chart_a_name_from_its_first_change() -> None:
     varying = VaryingScalars()
     assert varying.update(0, {"rank": 3.0, "rho": 2.0, "norm": 1.0}) == []
     assert varying.update(5, {"rank": 3.0, "rho": 2.0, "norm": 0.5}) == [(0, {"norm": 1.0}), (5, {"norm": 0.5})]
-    assert varying.update(9, {"rank": 2.0, "rho": 2.0, "norm": 0.5}) == [(0, {"rank": 3.0}), (9, {"rank": 2.0, "norm": 0.5})]
+    # rank changes at step 9: its held values (steps 0 and 5) are written at their steps, then step 9's
+    assert varying.update(9, {"rank": 2.0, "rho": 2.0, "norm": 0.5}) == [
+        (0, {"rank": 3.0}), (5, {"rank": 3.0}), (9, {"rank": 2.0, "norm": 0.5})]
     assert varying.constants() == {"rho": 2.0}
-    (first, now) = varying.update(12, {"rank": 2.0, "rho": math.nan, "norm": 0.4})
-    assert first == (0, {"rho": 2.0})
+    (*held, now) = varying.update(12, {"rank": 2.0, "rho": math.nan, "norm": 0.4})
+    assert held == [(0, {"rho": 2.0}), (5, {"rho": 2.0}), (9, {"rho": 2.0})]
     assert now[0] == 12 and now[1]["rank"] == 2.0 and now[1]["norm"] == 0.4 and math.isnan(now[1]["rho"])
     assert varying.constants() == {}
     fresh = VaryingScalars()
     fresh.update(0, {"x": math.nan})
     assert fresh.update(1, {"x": math.nan}) == [] and math.isnan(fresh.constants()["x"])
+
+
+def _written(stream: list[tuple[int, dict[str, float]]], resume_at: int | None = None) -> set[tuple[int, str]]:
+    """The (step, name) points a VaryingScalars writes for ``stream`` (``resume_at``: its state is
+    saved before that step and loaded into a new one, as a checkpoint resume does)."""
+    varying, points = VaryingScalars(), set()
+    for step, values in stream:
+        if step == resume_at:
+            state = varying.state_dict()
+            varying = VaryingScalars()
+            varying.load_state_dict(state)
+        points |= {(s, name) for s, metrics in varying.update(step, values) for name in metrics}
+    return points
+
+
+def test_varying_scalars_write_the_same_points_whenever_the_first_change_shows() -> None:
+    """A round-off quantity (a linearized feasibility error, say) that leaves exactly 0 at step 1 in
+    one run and only at step 3 in another (another summation order) is charted at the same steps in
+    both; a name that never changes is charted in neither."""
+    steps = range(0, 12, 2)
+    early = [(s, {"error": 0.0 if s == 0 else 1e-16 * s, "rank": 1.0}) for s in steps]
+    late = [(s, {"error": 0.0 if s < 6 else 1e-16 * s, "rank": 1.0}) for s in steps]
+    expected = {(s, "error") for s in steps}
+    assert _written(early) == _written(late) == expected
+    assert _written(late, resume_at=4) == expected  # the held steps survive a checkpoint
+    varying = VaryingScalars()
+    for step, values in late[:3]:
+        varying.update(step, values)
+    assert varying.state_dict()["held"]["rank"] == [[0, 2, 3]]  # a regular cadence: one run of steps
+    # a state saved before the held steps were kept: only the first step is written back
+    old = VaryingScalars()
+    old.load_state_dict({"first": {"error": (0, 0.0)}, "varying": []})
+    assert old.update(7, {"error": 1.0}) == [(0, {"error": 0.0}), (7, {"error": 1.0})]
 
 
 def test_default_run_directory_is_task_and_optimizer(tmp_path: Path) -> None:
