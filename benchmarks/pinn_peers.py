@@ -58,7 +58,7 @@ def measure(u_fn: Field, points: dict[str, Tensor]) -> dict[str, float]:
     """rel. L2 error on the test grid and max |residual| of -Δu = f and of u = 0, imposed and held out."""
 
     def pde(x: Tensor) -> float:
-        return float((-laplacian(u_fn, x) - poisson_forcing(x)).abs().max()) if len(x) else float("nan")
+        return float((-laplacian(u_fn, x) - poisson_forcing(x)).detach().abs().max()) if len(x) else float("nan")
 
     def boundary(x: Tensor) -> float:
         return float(u_fn(x).detach().abs().max()) if len(x) else float("nan")
@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", module=r"(lightning|pina|torch)\b")
+    warnings.filterwarnings("ignore", message=r".*val_dataloader")  # PINA's solver: a validation_step, no val data
     for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)  # "GPU available", tips: one table instead
     points_args = dict(n_pde=args.n_pde, n_boundary=args.n_boundary, n_pde_imposed=args.n_pde_imposed,
