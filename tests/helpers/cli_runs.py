@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,17 +80,17 @@ class Run:
 
     process: subprocess.Popen
     workdir: Path
+    name: str
     started: float
     ended: float | None = None
-    log: dict[str, float] = field(default_factory=dict)
 
     @property
     def stdout(self) -> str:
-        return (self.workdir / "stdout.txt").read_text()
+        return (self.workdir / f"{self.name}.stdout.txt").read_text()
 
     @property
     def stderr(self) -> str:
-        return (self.workdir / "stderr.txt").read_text()
+        return (self.workdir / f"{self.name}.stderr.txt").read_text()
 
     def rank_pids(self, pause_dir: Path, timeout: float = 120.0) -> list[int]:
         """The pids of ranks 0 and 1, once both wait in :class:`PauseAt`."""
@@ -142,19 +142,18 @@ def command(launcher: str, args: list[str]) -> list[str]:
     raise ValueError(f"unknown launcher {launcher!r}")
 
 
-def start(workdir: Path, args: list[str], launcher: str = "lightning") -> Run:
+def start(workdir: Path, args: list[str], launcher: str = "lightning", name: str = "run") -> Run:
     """Launch the run in ``workdir`` (its cwd: logs and checkpoints go there) with the repository's
-    configs reachable as ``configs/...`` and this module's callbacks importable."""
+    configs reachable as ``configs/...`` and this module's callbacks importable; its output goes to
+    ``<name>.stdout.txt`` and ``<name>.stderr.txt`` there."""
     workdir.mkdir(parents=True, exist_ok=True)
-    for name in ("configs",):
-        link = workdir / name
-        if not link.exists():
-            link.symlink_to(REPO / name)
-    out = (workdir / "stdout.txt").open("w")
-    err = (workdir / "stderr.txt").open("w")
-    process = subprocess.Popen(command(launcher, args), cwd=workdir, env=environment(), stdout=out, stderr=err,
-                               start_new_session=True)
-    return Run(process, workdir, time.monotonic())
+    configs = workdir / "configs"
+    if not configs.exists():
+        configs.symlink_to(REPO / "configs")
+    with (workdir / f"{name}.stdout.txt").open("w") as out, (workdir / f"{name}.stderr.txt").open("w") as err:
+        process = subprocess.Popen(command(launcher, args), cwd=workdir, env=environment(), stdout=out, stderr=err,
+                                   start_new_session=True)
+    return Run(process, workdir, name, time.monotonic())
 
 
 def alive(pid: int) -> bool:
