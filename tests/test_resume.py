@@ -1,4 +1,5 @@
-"""Exact resume: a run killed with SIGKILL and resumed from ``last`` equals the uninterrupted run.
+"""Exact resume: a run killed with SIGKILL and resumed from ``last`` equals the uninterrupted run, and so
+does a finished run extended from its final ``last.ckpt`` to a larger ``max_steps`` / ``max_epochs``.
 
 Every task (spring, chemistry, Burgers, Darcy) at a tiny size, full batch and mini-batch: the run is
 killed (a real ``SIGKILL`` of its own process) a few steps after its last checkpoint, which lies
@@ -193,6 +194,46 @@ def test_spring_minibatch_sigkill_mid_epoch_resumes_exactly(spring_minibatch: tu
 
 def test_spring_minibatch_resume_logs_the_same_metric_names(spring_minibatch: tuple[Path, Path]) -> None:
     assert_same_metric_names(*spring_minibatch)
+
+
+def fit_in_process(workdir: Path, resume: bool, **limits: int) -> dict[str, Any]:
+    """Spring, mini-batch (5 batches an epoch), the default CrashSafeCheckpoint (adaptive interval, final
+    save); the final weights, optimizer state, step and epoch."""
+    import lightning.pytorch as pl
+
+    from lit_constrained.callbacks.checkpointing import CrashSafeCheckpoint
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, data = build("spring", "minibatch")
+        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                             callbacks=[CrashSafeCheckpoint(dirpath=str(workdir))], **limits)
+        trainer.fit(model, datamodule=data, ckpt_path="last" if resume else None)
+    finally:
+        torch.set_num_threads(threads)
+    return {"model": model.state_dict(), "optimizer": trainer.optimizers[0].state_dict(),
+            "global_step": trainer.global_step, "epoch": trainer.current_epoch}
+
+
+@pytest.mark.parametrize(
+    ("first", "longer"),
+    [({"max_steps": 10, "max_epochs": -1}, {"max_steps": 13, "max_epochs": -1}),  # ends with an epoch
+     ({"max_steps": 7, "max_epochs": -1}, {"max_steps": 13, "max_epochs": -1}),  # ends mid-epoch
+     ({"max_epochs": 2}, {"max_epochs": 3})],
+    ids=["max_steps_at_epoch_end", "max_steps_mid_epoch", "max_epochs"],
+)
+def test_a_finished_run_extended_from_its_last_checkpoint_equals_the_longer_run(
+    first: dict[str, int], longer: dict[str, int], tmp_path: Path
+) -> None:
+    """The final last.ckpt is written at the last step's end (an on_train_end save resumed with
+    max_steps ran one epoch's shuffle off: epoch e + 1 instead of e)."""
+    reference = fit_in_process(tmp_path / "reference", resume=False, **longer)
+    finished = fit_in_process(tmp_path / "extended", resume=False, **first)
+    assert finished["global_step"] < reference["global_step"]
+    extended = fit_in_process(tmp_path / "extended", resume=True, **longer)
+    _assert_same(reference, extended, "extended run")
 
 
 @pytest.mark.slow
