@@ -26,8 +26,8 @@ directory of the first ``ModelCheckpoint``; nothing when checkpointing is off), 
 step's metrics as usual, and :class:`TrainingInterrupted` (exit status 1, one line saying where the
 checkpoint is) is raised at the next hook (the next step's start, a validation's start or the epoch's
 end). A stop agreed at the run's last step lets the run finish normally. A second Ctrl+C more than
-a second after the first aborts at once (within a second it is the same Ctrl+C, delivered by the
-terminal and again by a launcher that forwards it).
+a second after the first aborts at once, or right after the checkpoint being written (within a
+second it is the same Ctrl+C, delivered by the terminal and again by a launcher that forwards it).
 """
 
 from __future__ import annotations
@@ -124,6 +124,8 @@ class StopOnSignal(Callback):
         self._steps_since_check = 0
         self._last_check = 0.0
         self._rank = 0
+        self._saving = False
+        self._abort_after_save = False
         self._stop: tuple[str, int, str | None] | None = None  # (signal, step, checkpoint) agreed, not yet raised
 
     # ------------------------------------------------------------------ handlers
@@ -148,6 +150,9 @@ class StopOnSignal(Callback):
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
         if signum == signal.SIGINT and self._noted and now - self._noted_at > REPEAT_SECONDS:
+            if self._saving:  # never abort a checkpoint half-written: abort right after it
+                self._abort_after_save = True
+                return
             self._restore()  # a second Ctrl+C: stop now, without waiting for the step
             raise KeyboardInterrupt
         if self._noted:
@@ -203,7 +208,14 @@ class StopOnSignal(Callback):
         code = self._agreed_signal(trainer)
         if code:
             name = HANDLED.get(signal.Signals(code), signal.Signals(code).name)
-            self._stop = (name, trainer.global_step, self._save(trainer))
+            self._saving = True
+            try:
+                self._stop = (name, trainer.global_step, self._save(trainer))
+            finally:
+                self._saving = False
+            if self._abort_after_save:
+                self._restore()
+                raise KeyboardInterrupt
 
     def _raise_pending(self, trainer: "pl.Trainer") -> None:
         """Raise the agreed stop (rank 0 with the one-line message, the other ranks silently)."""
