@@ -29,7 +29,7 @@ RSS, ``VmHWM`` of /proc/self/status, only grows within a process, and starts ane
 peak, against the bytes of J (m n float32; target: <= 4 x J). Usage (from the repository root)::
 
     python benchmarks/bench_scale_m.py [--ms 10 100 300 1000 3000] [--pde-ms 1000] [--repeats 7]
-        [--threads 1] [--out benchmarks/results/bench_scale_m.json]
+        [--threads 1] [--out docs/figures/bench_scale_m.json]
 """
 
 from __future__ import annotations
