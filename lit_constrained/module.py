@@ -31,7 +31,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from .batch import cast_floats, clone_tensors
 from .class_spec import TRUSTED_MODULES, SpecFactory, as_class_spec, check_trusted
-from .imposed import Imposed, PartLayout, check_parts, concatenate_parts, imposed_values, part_layout, split_parts
+from .imposed import Imposed, PartLayout, check_parts, concatenate_parts, imposed_values, part_layout
 from .optim.jacobian import constraint_jacobian
 from .optim.pointwise import PointwiseJacobian
 from .callbacks.monitoring import (
