@@ -87,6 +87,7 @@ from .checks import check_finite, check_lr, check_positive, check_shared_keys, p
 from .flat import block_sizes, group_params, real_view
 from .nullspace import (
     DEFAULT_RCOND,
+    RESIDUAL_FLAG,
     GramFactor,
     NullSpace,
     Scaling,
@@ -496,7 +497,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
             finite = projection.finite & torch.isfinite(c).all()
             if m == 0:
                 finite = finite & torch.isfinite(torch.dot(g, g))
-            if m:  # plan in {-1, ..., MAX_REFINEMENTS}; + 8 where the residuals need float64 products
+            if m:  # plan in {-1, ..., max_refinements(m)}; + RESIDUAL_FLAG where the residuals need float64 products
                 plan = refinement_code(projection.factor, n, dtype)
             else:
                 plan = torch.zeros((), dtype=torch.int64)
@@ -506,8 +507,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
             self._raise_nonfinite(g, c, J)
         if host and not self._rank_warned:
             self._warn_if_dependent(projection.factor.host.rank, m, n, float(projection.factor.host.condition))
-        exact_residual = code >= 8
-        refinements = code % 8 - 2
+        exact_residual = code >= RESIDUAL_FLAG
+        refinements = code % RESIDUAL_FLAG - 2
         if refinements < 0:
             projection.factor = self._exact_factor(projection.jacobian, host, projection.scaling)
             refinements = exact_refinements(projection.factor, dtype)

@@ -112,7 +112,23 @@ microseconds either way); a larger one is factored by a pivoted Cholesky factori
 ms at m = 100 / 1 000 / 3 000 against 0.03 / 6 / 140 ms)."""
 
 MAX_REFINEMENTS = 2
-"""Beyond this many refinement steps with the blocked Gram, the exact (float64-product) Gram is used."""
+"""Beyond this many refinement steps with the blocked Gram, the exact (float64-product) Gram is used (m <=
+``EIGH_MAX_SIZE``; see :func:`max_refinements`)."""
+
+LARGE_MAX_REFINEMENTS = 8
+""":func:`max_refinements` for m > ``EIGH_MAX_SIZE``: there the exact Gram's m^2 n float64 products cost far
+more than a refinement step's two or three passes over J (3.3 s against ~10 ms a pass at m = 1 000,
+n = 8 964 on one AMD EPYC core), so more steps with the blocked Gram come first."""
+
+RESIDUAL_FLAG = 16
+"""The refinement code's flag for float64-product residuals: code = plan + 2 + RESIDUAL_FLAG * exact_residual,
+with plan + 2 in [1, LARGE_MAX_REFINEMENTS + 2] < RESIDUAL_FLAG (asserted below)."""
+assert LARGE_MAX_REFINEMENTS + 2 < RESIDUAL_FLAG and MAX_REFINEMENTS <= LARGE_MAX_REFINEMENTS
+
+
+def max_refinements(m: int) -> int:
+    """The most refinement steps with the blocked Gram before the exact Gram is formed instead."""
+    return MAX_REFINEMENTS if m <= EIGH_MAX_SIZE else LARGE_MAX_REFINEMENTS
 
 
 # ---------------------------------------------------------------------------- products with J
@@ -571,36 +587,38 @@ def refinement_plan(factor: GramFactor, n: int, dtype: torch.dtype) -> Tensor:
     float64 data: one step when cond(G) > ``REFINE_ABOVE_CONDITION``, else none. float32 data: each step
     multiplies the error by :math:`r = \max(\kappa(G)\epsilon_G, \epsilon\sqrt{\kappa(G)})` (the Gram's
     error; the cancellation in :math:`J^T z`), so the fewest k with :math:`r^{k+1} \le`
-    ``TARGET_ERROR``, if at most ``MAX_REFINEMENTS``."""
+    ``TARGET_ERROR``, if at most ``max_refinements(m)``."""
     kappa = factor.condition
     if dtype == torch.float64:
         return (kappa > REFINE_ABOVE_CONDITION).to(torch.int64)
+    most = max_refinements(factor.size)
     rate = _contraction(kappa, gram_error(n, dtype, factor.size), torch.finfo(dtype).eps)
-    thresholds = torch.tensor([TARGET_ERROR ** (1.0 / (k + 1)) for k in range(MAX_REFINEMENTS + 1)],
+    thresholds = torch.tensor([TARGET_ERROR ** (1.0 / (k + 1)) for k in range(most + 1)],
                               dtype=rate.dtype, device=rate.device)
     steps = (rate > thresholds).sum()  # k steps reach TARGET_ERROR iff rate <= thresholds[k]
-    return torch.where(steps > MAX_REFINEMENTS, -torch.ones_like(steps), steps)
+    return torch.where(steps > most, -torch.ones_like(steps), steps)
 
 
 @functools.lru_cache(maxsize=64)
 def _code_thresholds(n: int, dtype: torch.dtype, m: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(thresholds on cond(G), weights) of :func:`refinement_code` (host floats, cached per shape)."""
+    most = max_refinements(m)
     if dtype == torch.float64:
         # one step above REFINE_ABOVE_CONDITION; never the exact Gram nor the exact residual (exact already)
-        return (REFINE_ABOVE_CONDITION,) + (math.inf,) * (MAX_REFINEMENTS + 1), (1.0,) + (0.0,) * (MAX_REFINEMENTS + 1)
+        return (REFINE_ABOVE_CONDITION,) + (math.inf,) * (most + 1), (1.0,) + (0.0,) * (most + 1)
     gram_eps, eps = gram_error(n, dtype, m), torch.finfo(dtype).eps
     # rate(kappa) = max(kappa gram_eps, eps sqrt(kappa)) > t  <=>  kappa > min(t / gram_eps, (t / eps)^2)
     steps = [min(t / gram_eps, (t / eps) ** 2)
-             for t in (TARGET_ERROR ** (1.0 / (k + 1)) for k in range(MAX_REFINEMENTS + 1))]
+             for t in (TARGET_ERROR ** (1.0 / (k + 1)) for k in range(most + 1))]
     # residual_error(kappa) = eps sqrt(B / n) sqrt(kappa) > TARGET_ERROR
     residual = (TARGET_ERROR / (eps * math.sqrt(min(RESIDUAL_BLOCK, max(n, 1)) / max(n, 1)))) ** 2
-    # plan = f_0 + ... + f_{K-1} - (K + 1) f_K (all K + 1 flags set: -1, the exact Gram); + 8 f_residual
-    weights = (1.0,) * MAX_REFINEMENTS + (-(MAX_REFINEMENTS + 1.0),) + (8.0,)
+    # plan = f_0 + ... + f_{K-1} - (K + 1) f_K (all K + 1 flags set: -1, the exact Gram); + RESIDUAL_FLAG f_residual
+    weights = (1.0,) * most + (-(most + 1.0),) + (float(RESIDUAL_FLAG),)
     return tuple(steps) + (residual,), weights
 
 
 def refinement_code(factor: GramFactor, n: int, dtype: torch.dtype) -> Tensor:
-    """``refinement_plan + 8 * exact_residual_needed`` (0-dim int64) from one comparison of cond(G)
+    """``refinement_plan + RESIDUAL_FLAG * exact_residual_needed`` (0-dim int64) from one comparison of cond(G)
     with thresholds computed on the host: three small ops instead of ~15 (the same decisions; tested)."""
     kappa = factor.condition
     thresholds, weights = _code_tensors(n, dtype, factor.size, kappa.device)

@@ -11,6 +11,7 @@ import torch
 from lit_constrained.optim.nullspace import (
     GramFactor,
     RESIDUAL_BLOCK,
+    RESIDUAL_FLAG,
     NullSpace,
     blocked_matvec,
     exact_gram,
@@ -110,7 +111,7 @@ def test_refinement_code_is_plan_plus_residual_flag(dtype, n):
     over a sweep of cond(G) (one comparison instead of evaluating the error models on the device)."""
     for cond_gram in torch.logspace(0, 14, 57, dtype=F64).tolist():
         factor = GramFactor.from_gram(torch.diag(torch.tensor([1.0, 0.3, 1.0 / cond_gram], dtype=F64)))
-        expected = int(refinement_plan(factor, n, dtype)) + 8 * int(exact_residual_needed(factor, n, dtype))
+        expected = int(refinement_plan(factor, n, dtype)) + RESIDUAL_FLAG * int(exact_residual_needed(factor, n, dtype))
         assert int(refinement_code(factor, n, dtype)) == expected, cond_gram
 
 
@@ -120,7 +121,7 @@ def test_host_refinement_code_is_plan_plus_residual_flag(dtype, n):
     """The host path's decision from a Python float cond(G) equals the error models' decisions."""
     for cond_gram in torch.logspace(0, 14, 57, dtype=F64).tolist():
         factor = GramFactor.from_gram(torch.diag(torch.tensor([1.0, 0.3, 1.0 / cond_gram], dtype=F64)), host=True)
-        expected = int(refinement_plan(factor, n, dtype)) + 8 * int(exact_residual_needed(factor, n, dtype))
+        expected = int(refinement_plan(factor, n, dtype)) + RESIDUAL_FLAG * int(exact_residual_needed(factor, n, dtype))
         assert host_refinement_code(factor.host.condition, n, dtype, 3) == expected, cond_gram
 
 
@@ -288,3 +289,23 @@ def test_nullspace_pseudo_solve_against_dense():
     c = torch.randn(4, dtype=F64, generator=torch.Generator().manual_seed(5))
     torch.testing.assert_close(NullSpace.from_jacobian(J).pseudo_solve(c), torch.linalg.pinv(J) @ c,
                                rtol=1e-12, atol=1e-13)
+
+
+def test_large_m_refines_with_the_blocked_gram_before_forming_the_exact_one():
+    """m > EIGH_MAX_SIZE: up to LARGE_MAX_REFINEMENTS steps with the blocked Gram (its float64 products
+    cost m^2 n: 3.3 s at m = 1 000); the exact Gram only where even that many cannot reach TARGET_ERROR.
+    Checked against the contraction model: the fewest k with rate^(k+1) <= TARGET_ERROR."""
+    from lit_constrained.optim.nullspace import LARGE_MAX_REFINEMENTS, TARGET_ERROR, gram_error, max_refinements
+
+    m, n = 300, 9_000
+    assert max_refinements(m) == LARGE_MAX_REFINEMENTS and max_refinements(10) == 2
+    eps = torch.finfo(torch.float32).eps
+    for cond_gram in (1e3, 1e5, 1.7e6, 1e7, 1e9):
+        eigenvalues = torch.ones(m, dtype=F64)
+        eigenvalues[-1] = 1.0 / cond_gram
+        factor = GramFactor.from_gram(torch.diag(eigenvalues), host=True)
+        rate = max(cond_gram * gram_error(n, torch.float32, m), eps * math.sqrt(cond_gram))
+        k = next((k for k in range(LARGE_MAX_REFINEMENTS + 1) if rate ** (k + 1) <= TARGET_ERROR), -1)
+        code = host_refinement_code(factor.host.condition, n, torch.float32, m)
+        assert (code + 2) % RESIDUAL_FLAG - 2 == k, cond_gram  # (decoded as the step does)
+        assert int(refinement_plan(factor, n, torch.float32)) == k

@@ -74,3 +74,22 @@ def test_large_host_grams_use_it_and_small_ones_eigh():
     assert float(large.smallest_singular_value) == pytest.approx(float(reference.smallest_singular_value), rel=0.3)
     small = J[:EIGH_MAX_SIZE]
     assert isinstance(GramFactor.from_gram(small @ small.T, host=True).basis, torch.Tensor)
+
+
+def test_the_kept_part_obeys_the_singular_value_cutoff():
+    """Singular values of J from 1 to 1e-9 (cond(G) = 1e18): the pivots' tolerance alone can keep
+    directions below rcond = 1e-7; the factor keeps exactly the singular values > rcond sigma_1 (as eigh
+    does), with the exact condition of the kept part."""
+    m, n = 120, 600
+    gen = torch.Generator().manual_seed(5)
+    U, _ = torch.linalg.qr(torch.randn(m, m, generator=gen, dtype=F64))
+    V, _ = torch.linalg.qr(torch.randn(n, m, generator=gen, dtype=F64))
+    sigma = torch.logspace(0, -9, m, dtype=F64)
+    J = (U * sigma) @ V.T
+    chol = HostCholesky.factor((J @ J.T).numpy(), rcond=1e-7)
+    reference = GramFactor.from_gram(J @ J.T)  # eigh, the same cutoff
+    assert chol.rank == int(reference.rank)
+    # (the smallest kept eigenvalue ~1e-14 of the largest: float64 resolves it to ~eps64 / 1e-14 ~ 1 %)
+    assert chol.condition <= 1e14 and chol.condition == pytest.approx(float(reference.condition), rel=0.05)
+    b = np.random.default_rng(2).standard_normal(m)
+    np.testing.assert_allclose(chol.range_part(b), reference.range_part(torch.from_numpy(b)).numpy(), atol=1e-6)
