@@ -5,13 +5,22 @@ callables, so a checkpoint loads with ``torch.load(..., weights_only=True)`` (no
 ``load_from_checkpoint`` rebuilds the same optimizer. A class path read from a checkpoint is imported
 only if its module is trusted: ``lit_constrained``, ``torch``, ``lightning``, the task's own module,
 or a module the caller names (``trusted_modules``); anything else is rejected *before* it is imported.
+
+What counts as a name is not only a ``class_path`` key: jsonargparse imports a plain dotted string given
+for a class-typed argument (``hyper_parameters["optimizer"] = "somemodule.Thing"``), Lightning imports
+``_instantiator``, and either may sit in a nested dict or list. So :func:`check_trusted` inspects every
+string of the hyper-parameters that could be imported (:func:`importable_names_in`): a dotted path of
+identifiers whose top-level module exists (a string whose first part names no module cannot run code).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import sys
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 TRUSTED_MODULES: tuple[str, ...] = ("lit_constrained", "torch", "lightning", "pytorch_lightning")
@@ -124,6 +133,48 @@ class SpecFactory:
         return f"SpecFactory({self.spec!r})"
 
 
+def looks_importable(value: str) -> bool:
+    """Whether ``value`` is a dotted path that an import of it could resolve (``pkg.mod.Name``).
+
+    A dotted path of identifiers (what jsonargparse's and Lightning's imports accept) whose top-level
+    module is already imported or can be found on ``sys.path`` (found, not imported: no code runs).
+    ``"data.npz"`` with no module ``data`` is not importable; a path with ``/`` or spaces never is.
+    """
+    parts = value.strip().split(".")
+    if len(parts) < 2 or not all(part.isidentifier() for part in parts):
+        return False
+    top = parts[0]
+    if top in sys.modules:
+        return True
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):  # a broken finder or a malformed name: treat as importable
+        return True
+    if spec is None:
+        return False
+    if spec.origin not in (None, "namespace"):
+        return True  # a module or a regular package: importing it runs its code
+    # a namespace package (a plain directory, e.g. data/): only a submodule named next could run code
+    locations = list(spec.submodule_search_locations or [])
+    return any(
+        (Path(location) / parts[1]).is_dir() or any(Path(location).glob(f"{parts[1]}.*")) for location in locations
+    )
+
+
+def importable_names_in(data: Any, where: str = "") -> Iterator[tuple[str, str]]:
+    """``(key path, name)`` of every string in ``data`` (dict values and list items at any depth) that
+    :func:`looks_importable`; the key path reads like ``optimizer.init_args.betas[0]``."""
+    if isinstance(data, str):
+        if looks_importable(data):
+            yield where or "(top level)", data.strip()
+    elif isinstance(data, Mapping):
+        for key, value in data.items():
+            yield from importable_names_in(value, f"{where}.{key}" if where else str(key))
+    elif isinstance(data, (list, tuple)):
+        for index, value in enumerate(data):
+            yield from importable_names_in(value, f"{where}[{index}]")
+
+
 def class_paths_in(data: Any) -> Iterator[str]:
     """Every string stored under a ``class_path`` / ``_class_path`` key, at any depth of ``data``."""
     if isinstance(data, Mapping):
@@ -138,21 +189,50 @@ def class_paths_in(data: Any) -> Iterator[str]:
 
 
 class UntrustedClassPathError(ValueError):
-    """A checkpoint or config names a class outside the trusted modules (nothing was imported)."""
+    """A checkpoint or config names a class outside the trusted modules (nothing was imported).
 
-    def __init__(self, class_paths: list[str], trusted: tuple[str, ...]) -> None:
+    ``class_paths`` are the untrusted names, ``keys`` where each was found (same order)."""
+
+    def __init__(
+        self, class_paths: list[str], trusted: tuple[str, ...], keys: list[str] | None = None, source: str | None = None
+    ) -> None:
         self.class_paths = class_paths
+        self.keys = keys or []
+        self.trusted = trusted
+        found = (
+            ", ".join(f"{path!r} at {key}" for key, path in zip(self.keys, class_paths))
+            if self.keys else ", ".join(map(repr, class_paths))
+        )
+        where = f"The checkpoint {source}" if source else "The checkpoint"
+        roots = sorted({path.split(".")[0] for path in class_paths})
         super().__init__(
-            f"The checkpoint names class(es) {', '.join(map(repr, class_paths))} outside the trusted modules "
-            f"{', '.join(trusted)}; they were not imported (importing a module runs its code). If you trust this "
-            "checkpoint, name their modules: load_from_checkpoint(path, trusted_modules=['mymodule']) in "
-            "Python, or import the class in the config (e.g. as the model's optimizer) on the command line."
+            f"{where} names {found}, outside the trusted modules ({', '.join(trusted)}); nothing was imported "
+            "(importing a module runs its code). If you trust this checkpoint, name the module(s): "
+            f"load_from_checkpoint(path, trusted_modules={roots!r}) in Python, or name the class in the config "
+            "(e.g. as the model's optimizer) on the command line."
         )
 
 
-def check_trusted(data: Any, trusted: Iterable[str]) -> None:
-    """Raise :class:`UntrustedClassPathError` if ``data`` names an untrusted class path."""
+def check_trusted(data: Any, trusted: Iterable[str], source: str | None = None) -> None:
+    """Raise :class:`UntrustedClassPathError` if ``data`` names anything importable outside ``trusted``.
+
+    Every importable-looking string counts (:func:`importable_names_in`), whatever its key: a
+    ``class_path``, a plain string given for a class argument, an ``_instantiator``. ``source`` (the
+    file) is named in the error.
+    """
     trusted = tuple(trusted)
-    bad = [path for path in class_paths_in(data) if not is_trusted(path, trusted)]
+    bad = [(key, name) for key, name in importable_names_in(data) if not is_trusted(name, trusted)]
     if bad:
-        raise UntrustedClassPathError(bad, trusted)
+        raise UntrustedClassPathError([name for _, name in bad], trusted, [key for key, _ in bad], source)
+
+
+NAMING_SECTIONS: tuple[str, ...] = ("hyper_parameters", "datamodule_hyper_parameters", "hparams", "module_arguments")
+"""The checkpoint sections Lightning and jsonargparse build objects from (``load_from_checkpoint``,
+``--ckpt_path``; the last two are Lightning's legacy names). Every other section is state loaded into
+objects already built, and names nothing to import."""
+
+
+def check_checkpoint_names(checkpoint: Mapping[str, Any], trusted: Iterable[str], source: str | None = None) -> None:
+    """:func:`check_trusted` over a loaded checkpoint's :data:`NAMING_SECTIONS` (keys read
+    ``hyper_parameters.optimizer``); ``source`` names the file in the error."""
+    check_trusted({key: checkpoint[key] for key in NAMING_SECTIONS if key in checkpoint}, trusted, source)

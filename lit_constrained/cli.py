@@ -85,11 +85,12 @@ class ConstrainedCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path and os.path.isfile(str(ckpt_path)):
-            import torch
+            from lit_constrained.checkpoint_integrity import read_checkpoint  # one clear line if unreadable
+            from lit_constrained.class_spec import check_checkpoint_names  # any importable string, any key
 
-            hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu", mmap=True).get("hyper_parameters", {})
+            checkpoint = read_checkpoint(ckpt_path, weights_only=True, map_location="cpu", mmap=True)
             named_in_config = {path.rpartition(".")[0] for path in class_paths_in(self.config[subcommand].as_dict())}
-            check_trusted(hparams, (*TRUSTED_MODULES, *named_in_config))
+            check_checkpoint_names(checkpoint, (*TRUSTED_MODULES, *named_in_config), str(ckpt_path))
         super()._parse_ckpt_path()
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> pl.Trainer:

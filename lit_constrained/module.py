@@ -12,7 +12,6 @@ metrics), every other scheduler after every optimizer step that was not skipped.
 
 from __future__ import annotations
 
-import io
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,7 +29,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from .batch import cast_floats, clone_tensors
-from .class_spec import TRUSTED_MODULES, SpecFactory, as_class_spec, check_trusted
+from .class_spec import TRUSTED_MODULES, SpecFactory, as_class_spec
 from .imposed import Imposed, PartLayout, check_parts, concatenate_parts, imposed_values, part_layout
 from .optim.jacobian import constraint_jacobian
 from .optim.pointwise import PointwiseJacobian
@@ -295,11 +294,19 @@ class ConstrainedModule(pl.LightningModule, ABC):
             self._check_trainer(self.trainer)
 
     def _check_trainer(self, trainer: Any) -> None:
-        """Reject Trainer settings that cannot work with constrained manual optimization."""
+        """Reject Trainer settings that cannot work with constrained manual optimization.
+
+        The precision checked is the one asked for: on CPU, Lightning turns ``precision='16-mixed'``
+        into ``'bf16-mixed'`` (with its own warning) before any module sees the Trainer, so
+        ``trainer.precision`` alone would let it through; a config or command-line run keeps the value
+        given (:func:`requested_precision`)."""
         precision = str(trainer.precision)
-        if precision.startswith("16"):
+        asked = requested_precision(trainer)
+        if precision.startswith("16") or (asked or "").startswith("16"):
+            shown = asked if (asked or "").startswith("16") else precision
+            ran_as = f" (Lightning would run it as {precision!r} here)" if shown != precision else ""
             raise ValueError(
-                f"precision={precision!r} is not supported: fp16 AMP's grad scaler cannot carry a "
+                f"precision={shown!r} is not supported{ran_as}: fp16 AMP's grad scaler cannot carry a "
                 "constraint Jacobian. Use precision='bf16-mixed' (the constraints and their Jacobian are "
                 "then evaluated in float32) or '32-true'."
             )
@@ -628,9 +635,13 @@ class ConstrainedModule(pl.LightningModule, ABC):
     def _log_prediction_figure(self, step: int) -> None:
         if not tensorboard_writers(self.trainer):
             return
-        figure = self.prediction_figure()
-        if figure is not None:
-            log_figure(self.trainer, figure, step)
+        from .callbacks.figure_memory import figure_memory_freed
+
+        with figure_memory_freed():  # the figure's reference cycles freed now, not at a full collection
+            figure = self.prediction_figure()
+            if figure is not None:
+                log_figure(self.trainer, figure, step)
+            del figure
 
     def on_fit_end(self) -> None:
         super().on_fit_end()
@@ -653,10 +664,14 @@ class ConstrainedModule(pl.LightningModule, ABC):
         return self._evaluation_step(batch, "test")
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        """The end-of-fit summary (:class:`~lit_constrained.callbacks.summary.FitSummary`) in every Trainer."""
+        """In every Trainer: the end-of-fit summary (:class:`~lit_constrained.callbacks.summary.FitSummary`),
+        the run-health warnings (:class:`~lit_constrained.callbacks.health.RunHealth`) and hashed, verified
+        checkpoints (:class:`~lit_constrained.callbacks.integrity.CheckpointIntegrity`)."""
+        from .callbacks.health import RunHealth
+        from .callbacks.integrity import CheckpointIntegrity
         from .callbacks.summary import FitSummary
 
-        return [FitSummary()]
+        return [FitSummary(), RunHealth(), CheckpointIntegrity()]
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]
@@ -699,20 +714,29 @@ class ConstrainedModule(pl.LightningModule, ABC):
                 raise FloatingPointError(f"Refusing to write a checkpoint: parameter {name!r} holds NaN/inf.")
 
 
+def requested_precision(trainer: Any) -> str | None:
+    """The ``trainer.precision`` a LightningCLI run was given (its config, as Lightning's
+    ``SaveConfigCallback`` holds it), in Lightning's full names (``16`` -> ``"16-mixed"``); None for a
+    Trainer built in Python (then only ``trainer.precision``, after Lightning's substitutions, is known)."""
+    from lightning.pytorch.cli import SaveConfigCallback
+
+    for callback in getattr(trainer, "callbacks", []):
+        config = getattr(callback, "config", None) if isinstance(callback, SaveConfigCallback) else None
+        value = config.get("trainer", {}).get("precision") if hasattr(config, "get") else None
+        if value is not None:
+            text = str(value)
+            return {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}.get(text, text)
+    return None
+
+
 SHARDING_STRATEGIES: tuple[type, ...] = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)
 """Lightning strategies that shard the parameters (rejected at fit: the optimizers need the whole x)."""
 
 
 def _check_class_paths(checkpoint_path: str | Path | IO, trusted: tuple[str, ...]) -> str | Path | IO:
-    """Check the class paths of a checkpoint's hyper-parameters (a ``weights_only=True`` read); the
-    path back, or a rewound in-memory copy of a file object."""
-    from lightning.fabric.utilities.cloud_io import _load as pl_load
+    """Check a checkpoint before it is loaded (a ``weights_only=True`` read): readable, naming only
+    trusted modules, matching its content hash (:func:`~lit_constrained.checkpoint_integrity.check_before_loading`);
+    the path back, or a rewound in-memory copy of a file object."""
+    from .checkpoint_integrity import check_before_loading
 
-    source: Any = checkpoint_path
-    if not isinstance(checkpoint_path, (str, Path)):
-        source = io.BytesIO(checkpoint_path.read())
-    checkpoint = pl_load(source, map_location="cpu", weights_only=True)
-    check_trusted(checkpoint.get("hyper_parameters", {}), trusted)
-    if isinstance(source, io.BytesIO):
-        source.seek(0)
-    return source
+    return check_before_loading(checkpoint_path, trusted)

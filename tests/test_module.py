@@ -271,6 +271,7 @@ def _crafted_checkpoint(tmp_path, module_name: str) -> Path:
     model.trainer.save_checkpoint(tmp_path / "ok.ckpt")
     checkpoint = torch.load(tmp_path / "ok.ckpt", weights_only=True)
     checkpoint["hyper_parameters"]["optimizer"] = {"class_path": f"{module_name}.Evil", "init_args": {"lr": 0.1}}
+    checkpoint.pop("lit_constrained_integrity")  # a crafted file carries no content hash (an edited one would not match)
     torch.save(checkpoint, tmp_path / "crafted.ckpt")
     return tmp_path / "crafted.ckpt"
 

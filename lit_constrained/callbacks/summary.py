@@ -11,7 +11,10 @@ At the end of ``fit``::
         val/objective        2.9e-01   objective() on the validation data, mean over batches
         val/violation_max    3.4e-04   max |r| over all 33 residuals of validation_constraints() (training imposes 3)
       checkpoint   lightning_logs/version_0/checkpoints/last.ckpt
+      warning      the run is diverging: the objective grew to ... Try a smaller lr ...
 
+"warning" lines are the findings of :class:`~lit_constrained.callbacks.health.RunHealth` (divergence,
+apparent infeasibility, lr = 0 with the full normal step), each also warned once during the run.
 "at the start" is max |c(x_0)| at the first step's weights (before any update); "at the end" is
 evaluated again at the final weights. Validation figures come from the run's last validation if it
 was at the final step; otherwise they are computed here, at the final weights, from the DataModule's
@@ -31,6 +34,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from lit_constrained.batch import as_task_sees_it
+from lit_constrained.callbacks.health import RunHealth
 
 
 def _fmt(value: float | None) -> str:
@@ -247,7 +251,14 @@ class FitSummary(Callback):
         lines.append(f"  checkpoint   {path or 'none written (no checkpoint callback ran)'}")
         if log_dir:
             lines.append(f"  logs         {log_dir}")
+        lines.extend(self._health_lines(trainer))
         print("\n".join(lines), flush=True)
+
+    @staticmethod
+    def _health_lines(trainer: pl.Trainer) -> list[str]:
+        """One ``warning`` line per finding of the trainer's :class:`RunHealth` callback."""
+        findings = [m for cb in trainer.callbacks if isinstance(cb, RunHealth) for m in cb.findings.values()]
+        return [f"  warning      {message.removeprefix('lit-constrained: ')}" for message in findings]
 
     def _validation_lines(self, trainer: pl.Trainer, pl_module: Any, steps: int) -> list[str]:
         if self._last_val_step == steps:

@@ -1,0 +1,236 @@
+r"""RunHealth: one clear warning when a run diverges or its constraints look infeasible, instead of exit 0
+and no word.
+
+It observes the training step's outputs (f and c at the weights before the update) and the optimizer's
+``diagnostics`` on the logging steps (``log_every_n_steps``; the diagnostics exist only there), plus
+the first step; each observation costs one host read of at most three numbers. Each finding is warned
+once (:class:`RunHealthWarning`, rank 0) and listed in the end-of-fit summary
+(:class:`~lit_constrained.callbacks.summary.FitSummary`), with what to try.
+
+**Divergence.** With :math:`F` = ``divergence_factor`` (1e3), the objective diverges at an observation
+when
+
+.. math::
+    |f_k| > F \min_{1 \le j < k} |f_j| \quad\text{and}\quad |f_k| > |f_0|,
+
+i.e. it grew a thousandfold from its lowest value since the first update and above where it started
+(the first update is left out of the minimum: restoring infeasible constraints may raise f legitimately);
+the same rule with :math:`j \ge 0` holds for :math:`\max|c|`; a non-finite f or c is divergence at once.
+
+**Apparent infeasibility.** The projected optimizers log ``linearized_feasibility_error``
+:math:`e_k = \|J\Delta x + s c\| / \|s c\|`, the relative least-squares residual of the normal
+equations :math:`J d = -c` (about 1e-10 in float64, 1e-4 in float32 when c lies in the range of J; 1
+when no step can reduce c, e.g. a constant residual). Over the last ``window`` (10) observations the
+constraints look infeasible when the median of :math:`e` is at least ``infeasible_error`` (0.1), max |c|
+has not halved over the window, and stays above both :math:`10^{-3}\max|c_0|` and
+:math:`\sqrt{\varepsilon}` of the weights' dtype (so round-off at a feasible point does not count).
+
+**lr = 0.** With ``rho="full"`` the normal step does not scale with the lr (:math:`\rho_k = 1/\alpha_k`):
+lr = 0 removes the tangential (objective) step but every step still restores the linearized constraints,
+so the weights move. That is a feasibility projection, which may be what is wanted; the fit says so once
+at its start.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+
+
+class RunHealthWarning(UserWarning):
+    """A run that goes on but is going nowhere (divergence, infeasibility) or does not do what its
+    settings suggest (lr = 0 with the full normal step)."""
+
+
+@dataclass
+class _Observation:
+    step: int
+    objective: float
+    violation: float | None
+    feasibility_error: float | None
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.2e}"
+
+
+class RunHealth(Callback):
+    """Warns once per finding: divergence, apparent infeasibility, lr = 0 with ``rho="full"``.
+
+    :class:`~lit_constrained.module.ConstrainedModule` adds it to every Trainer (``configure_callbacks``);
+    the warnings are :class:`RunHealthWarning` (``warnings.filterwarnings("ignore", category=...)``
+    silences them) and :attr:`findings` holds them for the end-of-fit summary.
+
+    Args:
+        divergence_factor: growth factor that counts as divergence (see the module docs).
+        window: number of consecutive observations the infeasibility test looks at.
+        infeasible_error: median relative least-squares residual of J d = -c that counts as "far from 0".
+    """
+
+    def __init__(self, divergence_factor: float = 1e3, window: int = 10, infeasible_error: float = 0.1) -> None:
+        if not divergence_factor > 1:
+            raise ValueError(f"divergence_factor must be > 1, got {divergence_factor!r}.")
+        if window < 2:
+            raise ValueError(f"window must be >= 2 observations, got {window!r}.")
+        self.divergence_factor = float(divergence_factor)
+        self.window = int(window)
+        self.infeasible_error = float(infeasible_error)
+        self.findings: dict[str, str] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.findings = {}
+        self._first: _Observation | None = None
+        self._lowest_objective: float | None = None  # min |f| over observations after the first
+        self._lowest_violation: float | None = None  # min max|c| over all observations
+        self._recent: deque[_Observation] = deque(maxlen=self.window)
+        self._eps_floor = math.sqrt(torch.finfo(torch.float32).eps)
+
+    # ------------------------------------------------------------------ hooks
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset()
+        dtype = getattr(pl_module, "dtype", torch.float32)
+        self._eps_floor = math.sqrt(torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for optimizer in trainer.optimizers:
+            groups = [g for g in optimizer.param_groups if float(g.get("lr", 1.0)) == 0.0 and g.get("rho") == "full"]
+            if groups:
+                self._report(trainer, "lr_zero", (
+                    f"lit-constrained: lr = 0 with rho='full' ({type(optimizer).__name__}): the objective's (tangential) step is zero, "
+                    "but every step still takes the full normal step -J^+ c, which moves the weights to restore the "
+                    "linearized constraints (a feasibility projection). To leave the weights unchanged, do not fit; "
+                    "to damp the normal step with the lr, give a number as rho (lr * rho = 0 is then no step)."
+                ))
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        observation = self._observe(trainer, outputs)
+        if observation is None:
+            return
+        self._check_divergence(trainer, observation)
+        self._check_infeasibility(trainer, observation)
+
+    # ------------------------------------------------------------------ observing
+    def _observe(self, trainer: pl.Trainer, outputs: Any) -> _Observation | None:
+        """f, max|c| and the feasibility error of this step, on logging steps and the first (one host read)."""
+        if not isinstance(outputs, dict) or not isinstance(outputs.get("objective"), Tensor):
+            return None
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        diagnostics = getattr(optimizer, "diagnostics", None) or {}
+        every = trainer.log_every_n_steps or 50
+        step = trainer.global_step  # after the update: the outputs are at the weights of step - 1
+        if not diagnostics and step % every != 0 and self._first is not None:
+            return None
+        f = outputs["objective"].detach().reshape(())
+        values = [f.double()]
+        c = outputs.get("constraints")
+        violation = diagnostics.get("violation_max")
+        if not isinstance(violation, Tensor):
+            violation = c.detach().abs().max() if isinstance(c, Tensor) and c.numel() else None
+        if violation is not None:
+            values.append(violation.detach().reshape(()).to(f.device, torch.float64))
+        error = diagnostics.get("linearized_feasibility_error")
+        if isinstance(error, Tensor):
+            values.append(error.detach().reshape(()).to(f.device, torch.float64))
+        numbers = torch.stack(values).tolist()  # the one host read
+        return _Observation(
+            step=max(step - 1, 0),
+            objective=numbers[0],
+            violation=numbers[1] if violation is not None else None,
+            feasibility_error=numbers[-1] if isinstance(error, Tensor) else None,
+        )
+
+    # ------------------------------------------------------------------ divergence
+    def _check_divergence(self, trainer: pl.Trainer, now: _Observation) -> None:
+        first = self._first
+        if first is None:
+            self._first = now
+        if "diverging" not in self.findings:
+            message = self._divergence(trainer, now, first)
+            if message:
+                self._report(trainer, "diverging", message)
+        if first is not None and math.isfinite(now.objective):
+            low = self._lowest_objective
+            self._lowest_objective = abs(now.objective) if low is None else min(low, abs(now.objective))
+        if now.violation is not None and math.isfinite(now.violation):
+            low = self._lowest_violation
+            self._lowest_violation = now.violation if low is None else min(low, now.violation)
+
+    def _divergence(self, trainer: pl.Trainer, now: _Observation, first: _Observation | None) -> str | None:
+        lr = self._lr(trainer)
+        advice = (f"Try a smaller lr (now {lr:.3g}; e.g. {lr / 10:.2g} or below)" if lr else "Try a smaller lr") + (
+            ", max_grad_norm (clips the objective gradient), or a scheduler with a warm-up.")
+        bad = [name for name, value in (("objective", now.objective), ("max |c|", now.violation))
+               if value is not None and not math.isfinite(value)]
+        if bad:
+            return (f"lit-constrained: the run diverged: the {' and '.join(bad)} is not finite at step {now.step}. "
+                    + advice)
+        if first is None:
+            return None
+        factor = self.divergence_factor
+        low = self._lowest_objective
+        if low is not None and abs(now.objective) > factor * low and abs(now.objective) > abs(first.objective):
+            return (f"lit-constrained: the run is diverging: the objective grew to {_fmt(now.objective)} at step "
+                    f"{now.step}, {_fmt(abs(now.objective) / max(low, 1e-300))} times its lowest value since the "
+                    f"first step ({_fmt(low)}; {_fmt(first.objective)} at the start). " + advice)
+        # max |c|: from its lowest value, the start included
+        low_c = self._lowest_violation
+        if (now.violation is not None and low_c is not None and first.violation is not None
+                and now.violation > factor * low_c and now.violation > first.violation):
+            since = "at the start" if low_c == first.violation else f"; {_fmt(first.violation)} at the start"
+            return (f"lit-constrained: the run is diverging: max |c| grew to {_fmt(now.violation)} at step "
+                    f"{now.step}, {_fmt(now.violation / max(low_c, 1e-300))} times its lowest value ({_fmt(low_c)}"
+                    f"{' ' if since.startswith('at') else ''}{since}). " + advice.replace(
+                        ", max_grad_norm", ", a cap on the normal step (the optimizer's max_normal_step), max_grad_norm"))
+        return None
+
+    # ------------------------------------------------------------------ infeasibility
+    def _check_infeasibility(self, trainer: pl.Trainer, now: _Observation) -> None:
+        if now.feasibility_error is None or now.violation is None or not math.isfinite(now.feasibility_error):
+            return
+        self._recent.append(now)
+        if "infeasible" in self.findings or "diverging" in self.findings or len(self._recent) < self.window:
+            return
+        recent = list(self._recent)
+        errors = [o.feasibility_error for o in recent]
+        violations = [o.violation for o in recent]
+        start = self._first.violation if self._first is not None and self._first.violation is not None else violations[0]
+        median = statistics.median(errors)  # type: ignore[type-var]
+        lowest = min(violations)  # type: ignore[type-var]
+        stalled = lowest >= 0.5 * violations[0]  # type: ignore[operator]
+        far = lowest >= max(1e-3 * start, self._eps_floor)  # type: ignore[operator]
+        if median >= self.infeasible_error and stalled and far:
+            self._report(trainer, "infeasible", (
+                f"lit-constrained: the constraints look infeasible: max |c| stays near {_fmt(violations[-1])} "
+                f"(steps {recent[0].step}-{recent[-1].step}; {_fmt(start)} at the start) and the step cannot reduce "
+                f"it: the least-squares residual of J d = -c is {median:.0%} of ||c|| (median of "
+                "optim/linearized_feasibility_error; ~0 when the constraints can be met). Check that constraints() "
+                "can vanish: no contradictory rows (two values asked at one point), no residual that does not "
+                "depend on the weights, a network able to represent them (optim/rank shows the rank of J)."
+            ))
+
+    # ------------------------------------------------------------------ reporting
+    @staticmethod
+    def _lr(trainer: pl.Trainer) -> float | None:
+        try:
+            return float(trainer.optimizers[0].param_groups[0]["lr"])
+        except (IndexError, KeyError, TypeError, ValueError):
+            return None
+
+    def _report(self, trainer: pl.Trainer, kind: str, message: str) -> None:
+        if kind in self.findings:
+            return
+        self.findings[kind] = message
+        if trainer.is_global_zero:
+            warnings.warn(message, RunHealthWarning, stacklevel=2)

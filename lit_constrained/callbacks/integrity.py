@@ -1,0 +1,63 @@
+"""CheckpointIntegrity: every checkpoint a Trainer writes carries a content hash, every one it loads is
+checked, and a full disk is called a full disk.
+
+At ``setup`` (before Lightning restores ``ckpt_path``) the strategy's ``CheckpointIO`` is wrapped in
+:class:`~lit_constrained.checkpoint_integrity.IntegrityCheckpointIO` (Lightning's public
+``strategy.checkpoint_io`` setter), so ``trainer.fit(ckpt_path=...)``, ``--ckpt_path`` and every
+``ModelCheckpoint`` save go through it. :class:`~lit_constrained.module.ConstrainedModule` adds this
+callback to every Trainer (``configure_callbacks``).
+
+A full disk usually shows first in the logger: TensorBoard's writer thread gets ``ENOSPC`` and Lightning's
+TensorBoard logger reports it as ``ValueError: you tried to log <number> which is currently not
+supported``. On an exception whose chain holds ``ENOSPC``, this callback prints one line saying so, with
+the directories the run writes to and the last checkpoint, before the traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+
+from lit_constrained.checkpoint_integrity import CheckpointWriteError, install_integrity_io
+
+
+def _chain(exception: BaseException | None) -> list[BaseException]:
+    """``exception`` and its causes/contexts, outermost first (each once)."""
+    seen: list[BaseException] = []
+    while exception is not None and all(exception is not other for other in seen):
+        seen.append(exception)
+        exception = exception.__cause__ or exception.__context__
+    return seen
+
+
+def disk_full(exception: BaseException) -> bool:
+    """Whether ``exception`` was caused by a full disk or quota (``ENOSPC`` / ``EDQUOT``) at any depth."""
+    return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in _chain(exception))
+
+
+class CheckpointIntegrity(Callback):
+    """Hashes and verifies the Trainer's checkpoints; names a full disk when a run dies of one."""
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        install_integrity_io(trainer.strategy)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if not disk_full(exception) or any(isinstance(e, CheckpointWriteError) for e in _chain(exception)[:1]):
+            return  # not a full disk, or already said clearly by the checkpoint writer
+        logs = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
+        ckpt = trainer.checkpoint_callback
+        last = getattr(ckpt, "last_model_path", "") if ckpt is not None else ""
+        misreported = any(isinstance(e, ValueError) and "you tried to log" in str(e) for e in _chain(exception))
+        print(
+            f"lit-constrained: the disk is full (No space left on device) while the run was writing "
+            f"{'its logs under ' + str(logs) if logs else 'its files'}: free some space or write elsewhere "
+            f"(--trainer.default_root_dir); the last checkpoint written is {last or 'none'}"
+            + ("; the 'you tried to log ...' ValueError below is how Lightning's TensorBoard logger reports the "
+               "full disk." if misreported else "."),
+            file=sys.stderr,
+            flush=True,
+        )
