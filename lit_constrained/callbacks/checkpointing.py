@@ -128,6 +128,8 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         if self.dirpath is None:
             self.dirpath = stable_checkpoint_dir(trainer)
         super().setup(trainer, pl_module, stage)
+        if self.signals is not None:
+            self.signals.setup(trainer, pl_module, stage)
 
     # ------------------------------------------------------------------ when
     def mean_step_seconds(self) -> float | None:

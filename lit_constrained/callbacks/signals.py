@@ -223,7 +223,6 @@ class StopOnSignal(Callback):
             return
         name, step, path = self._stop
         self._stop = None
-        self._restore()
         if not trainer.is_global_zero:
             raise TrainingInterrupted(1)
         if path is None:
@@ -250,10 +249,17 @@ class StopOnSignal(Callback):
             print(f"lit-constrained: {name} received at the run's last step {step}: the run finished"
                   + (f" (saved {path})." if path else "."), file=sys.stderr, flush=True)
         self._stop = None
-        self._restore()
 
+    # The handlers stay until the fit's teardown (a signal during the last collectives or the shutdown
+    # must not reach Lightning's handler, which broadcasts); after an exception Lightning's signal
+    # connector puts back the handlers from before the fit, and this callback only forgets its own.
     def on_exception(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", exception: BaseException) -> None:
-        self._restore()
+        self._previous = {}
+
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        if stage == "fit":  # a new fit: nothing noted, checks from step 1
+            self._noted, self._stop, self._check_every, self._steps_since_check = 0, None, 1, 0
+            self._abort_after_save = False
 
     def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         self._restore()
