@@ -37,7 +37,7 @@ class LauncherWatchdog(Callback):
         poll_seconds: how often the processes are looked at.
     """
 
-    def __init__(self, grace_seconds: float = 10.0, poll_seconds: float = 0.5) -> None:
+    def __init__(self, grace_seconds: float = 5.0, poll_seconds: float = 0.5) -> None:
         if not (grace_seconds >= 0 and poll_seconds > 0):
             raise ValueError(f"grace_seconds must be >= 0 and poll_seconds > 0, got {grace_seconds!r}, {poll_seconds!r}.")
         self.grace_seconds = float(grace_seconds)
