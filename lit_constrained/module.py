@@ -37,6 +37,10 @@ from .callbacks.monitoring import (
     DIAGNOSTICS, OBJECTIVE, REDUNDANT_DIAGNOSTICS, RESIDUAL, VIOLATION, VaryingScalars, headline_tags, log_figure,
     part_tag, run_hparams, scalar_layout, tag, tensorboard_writers, write_scalars, write_summary, write_text,
 )
+from .hints import (
+    DERIVATIVE_FIX, SECOND_BACKWARD, add_hint, describe_batch, evaluation_hook_hint, not_imposed_hint,
+    one_row_loader_hint, optimizer_argument_hint, unexpected_keyword,
+)
 from .metrics.functional import violation_max
 from .optim.checks import check_constraints, check_objective
 from .stepping import NonFinitePolicy, StepResult, StepServices, TrainingStepper
@@ -323,8 +327,12 @@ class ConstrainedModule(pl.LightningModule, ABC):
             )
         if trainer.gradient_clip_val:
             raise ValueError(
-                "Trainer(gradient_clip_val=...) does not apply to manual optimization: set the module's "
-                "max_grad_norm instead."
+                f"Trainer(gradient_clip_val={trainer.gradient_clip_val}) does not apply to the constrained "
+                "step (manual optimization): clip with the module's max_grad_norm instead (the objective "
+                "gradient's 2-norm, before the step). Remove gradient_clip_val and set, in the config, "
+                f"model: {{init_args: {{max_grad_norm: {trainer.gradient_clip_val}}}}} (on the command line "
+                f"--model.init_args.max_grad_norm {trainer.gradient_clip_val}), or in Python "
+                f"{type(self).__name__}(..., max_grad_norm={trainer.gradient_clip_val})."
             )
         if trainer.accumulate_grad_batches != 1:
             raise ValueError(
@@ -341,7 +349,15 @@ class ConstrainedModule(pl.LightningModule, ABC):
         default, ``"epoch"`` (the default validation cadence). The monitored metric is
         :attr:`lr_scheduler_monitor`, not a ``"monitor"`` key: Lightning drops that key in manual
         optimization."""
-        optimizer = self.optimizer_factory(self.parameters())
+        try:
+            optimizer = self.optimizer_factory(self.parameters())
+        except TypeError as error:
+            argument, spec = unexpected_keyword(error), self.hparams.get("optimizer") or {}
+            if argument is None or not spec.get("class_path"):
+                raise
+            from .class_spec import import_class
+
+            raise add_hint(error, optimizer_argument_hint(import_class(spec["class_path"]), argument))
         if self.lr_scheduler_factory is None:
             return optimizer
         scheduler = self.lr_scheduler_factory(optimizer)
@@ -411,6 +427,10 @@ class ConstrainedModule(pl.LightningModule, ABC):
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
+        from .callbacks.lipschitz import LipschitzEstimator
+
+        if not any(isinstance(callback, LipschitzEstimator) for callback in self.trainer.callbacks):
+            _check_lr_is_set(self.optimizers().optimizer, "which this Trainer does not have")
         from lightning.pytorch.loggers import TensorBoardLogger
 
         # the module writes real HParams metrics (on_train_start): no constant hp_metric placeholder
@@ -435,6 +455,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
                 "(limit_val_batches=0): its lr will not change. Let the fit validate, or use another scheduler."
             )
         has_constraints, has_residual = self._has_constraints(), self._has_residual()
+        self._check_start(trainer, optimizer, has_constraints)
         write_summary(
             trainer,
             run_hparams(self, optimizer, scheduler),
@@ -443,6 +464,24 @@ class ConstrainedModule(pl.LightningModule, ABC):
         )
         if trainer.global_step == 0 and self.validate_at_start:
             self._validate_at_start()
+
+    def _check_start(self, trainer: Any, optimizer: Optimizer, has_constraints: bool) -> None:
+        """At the start of training (callbacks' on_train_start done): an lr still None (the callback that
+        sets it is missing) is an error; constraints the optimizer does not impose, and a TensorDataset
+        served one row per step by DataLoader's default, are warnings."""
+        name = type(optimizer).__name__
+        _check_lr_is_set(optimizer, "which did not set it")
+        if has_constraints and "constraints" not in getattr(optimizer, "requires", frozenset()):
+            rank_zero_warn(not_imposed_hint(name, self.stepper.penalty_weight))
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loaders = trainer.train_dataloader
+        for loader in loaders.values() if isinstance(loaders, Mapping) else loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+            dataset = getattr(loader, "dataset", None)
+            if (isinstance(loader, DataLoader) and loader.batch_size == 1 and isinstance(dataset, TensorDataset)
+                    and len(dataset) > 1 and type(loader.batch_sampler).__name__ == "BatchSampler"
+                    and type(loader.sampler).__name__ in ("SequentialSampler", "RandomSampler", "DistributedSampler")):
+                rank_zero_warn(one_row_loader_hint(len(dataset)))
 
     cast_batch_to_dtype: bool = False
     """Cast the floating tensors of every batch to the module's dtype before use (set by tasks whose
@@ -553,17 +592,31 @@ class ConstrainedModule(pl.LightningModule, ABC):
         with torch.inference_mode(False), torch.enable_grad():
             batch = self.prepare_batch(clone_tensors(batch))
             name = type(self).__name__
-            f = check_objective(self.objective(batch), f"{name}.objective()")
+            f = check_objective(self._evaluation_hook("objective", batch, stage), f"{name}.objective()")
             # the imposed constraints are one fixed set only when shared (the same on every rank and in
             # every batch); per-rank constraints at validation are the residual of the val batches
             shared = bool(self.constraints_shared)
-            c = check_constraints(self.constraints(batch), f"{name}.constraints()", None, False) if shared else None
+            c = None
+            if shared:
+                c = check_constraints(self._evaluation_hook("constraints", batch, stage), f"{name}.constraints()", None, False)
             r = None
             if self._has_residual() or not shared:
-                r = check_constraints(self.validation_constraints(batch), f"{name}.validation_constraints()", None, False)
-            metrics = self.evaluation_metrics(batch, stage)
+                r = check_constraints(self._evaluation_hook("validation_constraints", batch, stage),
+                                      f"{name}.validation_constraints()", None, False)
+            metrics = self._evaluation_hook("evaluation_metrics", batch, stage)
         detach = lambda t: None if t is None else t.detach()  # noqa: E731
         return f.detach(), detach(c), detach(r), {k: detach(v) if isinstance(v, Tensor) else v for k, v in metrics.items()}
+
+    def _evaluation_hook(self, hook: str, batch: Any, stage: str) -> Any:
+        """``self.<hook>(batch)`` on an evaluation batch; an error raised in it gets a hint saying that
+        the hooks also run on validation/test batches, and what this batch holds."""
+        try:
+            return getattr(self, hook)(batch, stage) if hook == "evaluation_metrics" else getattr(self, hook)(batch)
+        except Exception as error:
+            if SECOND_BACKWARD in str(error):
+                raise add_hint(error, DERIVATIVE_FIX)
+            train_batch = getattr(self.stepper, "batch_description", None)
+            raise add_hint(error, evaluation_hook_hint(type(self).__name__, hook, stage, batch, train_batch))
 
     def _evaluation_step(self, batch: Any, stage: str) -> dict[str, Tensor | None]:
         f, c, r, metrics = self._evaluate(batch, stage)
@@ -603,7 +656,9 @@ class ConstrainedModule(pl.LightningModule, ABC):
                     if seen >= _batch_limit(trainer.limit_val_batches, loader):
                         break
                     batch = trainer.strategy.batch_to_device(batch, dataloader_idx=index)
-                    f, c, r, metrics = self._evaluate(batch, "val")
+                    batch = trainer.precision_plugin.convert_input(batch)  # as the loops do: 64-true's cast
+                    with trainer.precision_plugin.val_step_context():
+                        f, c, r, metrics = self._evaluate(batch, "val")
                     batches += 1
                     for key, value in {tag(OBJECTIVE, "val"): f, **{f"val/{k}": v for k, v in metrics.items()}}.items():
                         value = torch.as_tensor(value, dtype=torch.float64, device=f.device)
@@ -667,6 +722,12 @@ class ConstrainedModule(pl.LightningModule, ABC):
         """In every Trainer: the end-of-fit summary (:class:`~lit_constrained.callbacks.summary.FitSummary`),
         the run-health warnings (:class:`~lit_constrained.callbacks.health.RunHealth`) and hashed, verified
         checkpoints (:class:`~lit_constrained.callbacks.integrity.CheckpointIntegrity`)."""
+        trainer = getattr(self, "_trainer", None)
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            # Lightning rejects gradient_clip_val and accumulate_grad_batches under manual optimization
+            # right after this hook, before setup(), with "switch to automatic optimization": checked
+            # here first, so that the message names the module's own setting (max_grad_norm)
+            self._check_trainer(trainer)
         from .callbacks.health import RunHealth
         from .callbacks.integrity import CheckpointIntegrity
         from .callbacks.summary import FitSummary
@@ -727,6 +788,21 @@ def requested_precision(trainer: Any) -> str | None:
             text = str(value)
             return {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}.get(text, text)
     return None
+
+
+def _check_lr_is_set(optimizer: Optimizer, why: str) -> None:
+    """Raise, naming the callback to add, if a param group of ``optimizer`` has ``lr=None`` (the step
+    size of ConstantStepAdam that its LipschitzEstimator sets at the start of training)."""
+    if not any(group.get("lr", 0.0) is None for group in optimizer.param_groups):
+        return
+    name = type(optimizer).__name__
+    raise ValueError(
+        f"{name} has lr=None: its step size is set at the start of training by the LipschitzEstimator "
+        f"callback, {why}. Add it: in the config, trainer: {{callbacks: [{{class_path: "
+        "lit_constrained.callbacks.LipschitzEstimator, init_args: {num_samples: 10, mode: full}}]}; in "
+        "Python, Trainer(callbacks=[lit_constrained.callbacks.LipschitzEstimator()]). Or give "
+        f"{name} a number as lr."
+    )
 
 
 SHARDING_STRATEGIES: tuple[type, ...] = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)

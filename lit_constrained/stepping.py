@@ -49,6 +49,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from .distributed import AllGather, gather_step, row_counts, row_slice
+from .hints import DERIVATIVE_FIX, SECOND_BACKWARD, add_hint, describe_batch
 from .optim.checks import check_constraints, check_objective, count_nonfinite
 from .optim.flat import group_params, numel_real
 
@@ -214,13 +215,27 @@ class TrainingStepper:
         self.consecutive_skips = 0
         self._last_finite: tuple[int, Tensor, Tensor | None] | None = None
         self.num_constraints: int | None = None
+        self.batch_description: str | None = None
+        """What the first training batch was (:func:`~lit_constrained.hints.describe_batch`), for messages."""
 
     def step(self, task: ConstrainedTask, batch: Any, services: StepServices) -> StepResult:
         """One training step of ``task`` on ``batch`` (as the data loader gave it)."""
+        try:
+            return self._step(task, batch, services)
+        except RuntimeError as error:
+            # a derivative w.r.t. the inputs taken without create_graph=True (in objective(), constraints()
+            # or the Jacobian): torch's message does not say which call or what to do
+            if SECOND_BACKWARD in str(error) and DERIVATIVE_FIX not in getattr(error, "__notes__", ()):
+                raise add_hint(error, DERIVATIVE_FIX)
+            raise
+
+    def _step(self, task: ConstrainedTask, batch: Any, services: StepServices) -> StepResult:
         optimizer = services.optimizer
         requires = getattr(optimizer, "requires", frozenset())
         name = type(task).__name__
         batch = task.prepare_batch(batch)
+        if self.batch_description is None:
+            self.batch_description = describe_batch(batch)
 
         optimizer.zero_grad()
         f = check_objective(task.objective(batch), f"{name}.objective()")

@@ -40,6 +40,7 @@ __all__ = [
     "OBJECTIVE", "VIOLATION", "RESIDUAL", "DIAGNOSTICS", "FIGURE", "tag", "part_tag", "headline_tags", "scalar_layout",
     "run_hparams", "VaryingScalars", "tensorboard_writers", "write_scalars", "write_summary", "log_figure",
     "REDUNDANT_DIAGNOSTICS", "write_text", "small_figure", "run_name", "next_version", "default_logger",
+    "imposes_constraints",
 ]
 
 OBJECTIVE = "Objective"
@@ -85,6 +86,13 @@ def scalar_layout(has_constraints: bool, has_residual: bool) -> dict[str, dict[s
     return {"constrained training": charts}
 
 
+def imposes_constraints(optimizer: Any) -> bool:
+    """Whether ``optimizer`` imposes the task's constraints: its ``requires`` names ``"constraints"``
+    (the package's hard-constrained methods); torch's optimizers and MoMo step on the objective alone,
+    and the constraints are then only monitored (``Violation/<stage>``)."""
+    return "constraints" in getattr(optimizer, "requires", frozenset())
+
+
 def run_hparams(module: Any, optimizer: Any, scheduler: Any = None) -> dict[str, int | float | str | bool]:
     """The HParams tab's columns: task, optimizer, its lr and rho, the LR scheduler.
 
@@ -95,7 +103,7 @@ def run_hparams(module: Any, optimizer: Any, scheduler: Any = None) -> dict[str,
         "task": type(module).__name__,
         "optimizer": type(optimizer).__name__,
     }
-    if "lr" in group:
+    if group.get("lr") is not None:  # None: set later (ConstantStepAdam's LipschitzEstimator)
         params["lr"] = float(group["lr"])
     if "rho" in group:
         params["rho"] = str(group["rho"])  # "full" or a number: one column type across runs

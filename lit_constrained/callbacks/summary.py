@@ -54,16 +54,31 @@ def overrides(module: pl.LightningModule, name: str) -> bool:
     return getattr(type(module), name, None) is not getattr(ConstrainedModule, name, None)
 
 
+def constraint_role(pl_module: Any) -> str:
+    """``"imposed"``, or what the fit's optimizer does with the constraints instead: ``"monitored, not
+    imposed"`` (e.g. torch.optim.Adam, MoMo) or ``"penalized, not imposed"`` (with a penalty_weight)."""
+    from lit_constrained.callbacks.monitoring import imposes_constraints
+
+    trainer = getattr(pl_module, "_trainer", None)
+    optimizers = getattr(trainer, "optimizers", None) or []
+    if not optimizers or imposes_constraints(optimizers[0]):
+        return "imposed"
+    penalty = getattr(getattr(pl_module, "stepper", None), "penalty_weight", 0.0)
+    return "penalized, not imposed" if penalty else "monitored, not imposed"
+
+
 class _EvalCount:
     """Residual rows and their max |r| over one validation/test run (this rank's batches)."""
 
     def __init__(self) -> None:
         self.rows = 0
         self.max_abs: Tensor | None = None
+        self.batch_rows: set[int] = set()  # the number of rows of each batch
 
     def add(self, c: Any) -> None:
         if isinstance(c, Tensor) and c.numel():
             self.rows += c.numel()
+            self.batch_rows.add(c.numel())
             m = c.detach().abs().max()
             self.max_abs = m if self.max_abs is None else torch.maximum(self.max_abs, m)
 
@@ -82,6 +97,7 @@ class FitSummary(Callback):
         self._evals: dict[str, _EvalCount] = {}
         self._last_val_step: int | None = None
         self._m_eval: int | None = None  # m seen at evaluation (validate/test without a fit)
+        self._imposed_evals: dict[str, _EvalCount] = {}  # constraints() rows on each evaluation's batches
 
     # ------------------------------------------------------------------ bookkeeping
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -99,6 +115,7 @@ class FitSummary(Callback):
 
     def _eval_start(self, stage: str) -> None:
         self._evals[stage] = _EvalCount()
+        self._imposed_evals[stage] = _EvalCount()
 
     def _eval_batch(self, stage: str, outputs: Any) -> None:
         # the evaluation step returns the imposed c and, for a task that overrides
@@ -107,6 +124,7 @@ class FitSummary(Callback):
             imposed = outputs.get("constraints")
             if isinstance(imposed, Tensor) and self._m is None:
                 self._m_eval = imposed.numel()
+            self._imposed_evals.setdefault(stage, _EvalCount()).add(imposed)
             residual = outputs.get("validation_constraints", imposed)
             self._evals.setdefault(stage, _EvalCount()).add(residual)
 
@@ -146,7 +164,9 @@ class FitSummary(Callback):
             world = getattr(getattr(pl_module, "trainer", None), "world_size", 1) or 1
             per_rank = f" on each of {world} ranks" if world > 1 else ""
             m_imposed = self._m or self._m_eval
-            m = f"training imposes {m_imposed}: constraints()" if m_imposed else "the imposed ones are constraints()"
+            role = constraint_role(pl_module)
+            verb = "imposes" if role == "imposed" else "monitors" if role.startswith("monitored") else "penalizes"
+            m = f"training {verb} {m_imposed}: constraints()" if m_imposed else f"the {role.split(',')[0]} ones are constraints()"
             if overrides(pl_module, "validation_constraints"):
                 return f"max |r| over all {rows} residuals of validation_constraints(){per_rank} ({m})"
             return f"max |c| over the {rows} imposed constraints, constraints() on the {stage} data{per_rank}"
@@ -154,8 +174,16 @@ class FitSummary(Callback):
             if len(key.split("/")) == 3:  # Violation/<part>/<stage>: one part of imposed()
                 return f"max |c| of the imposed part {key.split('/')[1]!r} (imposed()) on the {stage} data"
             m_imposed = self._m or self._m_eval
+            role = constraint_role(pl_module)
+            seen = self._imposed_evals.get(stage)
+            rows = sorted(seen.batch_rows) if seen is not None else []
+            if m_imposed and rows and rows != [m_imposed]:  # constraints() of the evaluation batches' own points
+                sizes = "/".join(map(str, rows))
+                return (f"max |c| of constraints() on the {stage} data ({sizes} rows a batch: the {stage} batches' "
+                        f"own points, not the m = {m_imposed} {role.split(',')[0]} in training)")
             m = f"m = {m_imposed} " if m_imposed else ""
-            return f"max |c| of the {m}imposed constraints, constraints() on the {stage} data"
+            described = f"{role} constraints" if role == "imposed" else f"constraints ({role})"
+            return f"max |c| of the {m}{described}, constraints() on the {stage} data"
         if name.lower() == "objective" or lowered.startswith("objective/"):
             return f"objective() on the {stage} data, mean over batches"
         return f"evaluation_metrics()['{name}'], mean over {stage} batches"
@@ -176,7 +204,7 @@ class FitSummary(Callback):
         constraints = getattr(pl_module, "constraints", None)
         if constraints is None or self._last_batch is None:
             return None
-        with torch.enable_grad():
+        with torch.enable_grad(), pl_module.trainer.precision_plugin.train_step_context():  # as in the step
             return _max_abs(constraints(self._last_batch))
 
     def _final_validation(self, trainer: pl.Trainer, pl_module: Any) -> dict[str, float]:
@@ -201,7 +229,9 @@ class FitSummary(Callback):
                 for batch in loader:
                     # the Trainer's own path: device transfer and the batch-transfer hooks (dtype casts)
                     batch = trainer.strategy.batch_to_device(batch, dataloader_idx=0)
-                    f, c, r, task_metrics = pl_module._evaluate(batch, "val")
+                    batch = trainer.precision_plugin.convert_input(batch)  # e.g. 64-true's float64 cast
+                    with trainer.precision_plugin.val_step_context():
+                        f, c, r, task_metrics = pl_module._evaluate(batch, "val")
                     objectives.append(float(f))
                     imposed.add(c)
                     if has_residual:
@@ -211,6 +241,7 @@ class FitSummary(Callback):
         finally:
             pl_module.train(was_training)
         self._evals["val"] = residual if has_residual else imposed
+        self._imposed_evals["val"] = imposed
         objective_key, violation_key, residual_key = _evaluation_tags("val")
         out = {objective_key: sum(objectives) / len(objectives)} if objectives else {}
         out.update({f"val/{k}": sum(v) / len(v) for k, v in metrics.items()})
@@ -241,9 +272,11 @@ class FitSummary(Callback):
                 lines.append(f"  max |c| at the end not evaluated: {type(error).__name__}: {error}")
                 end = None
             ratio = end / self._c_start if end is not None and self._c_start else None
+            role = constraint_role(pl_module)
+            over = f"the m = {self._m} imposed constraints" if role == "imposed" else f"the m = {self._m} constraints, {role}"
             lines.append(
                 f"  max |c|      {_fmt(self._c_start)} at the start -> {_fmt(end)} at the end "
-                f"(x {_fmt(ratio)}) over the m = {self._m} imposed constraints"
+                f"(x {_fmt(ratio)}) over {over}"
             )
         lines.extend(self._validation_lines(trainer, pl_module, steps))
         ckpt = trainer.checkpoint_callback

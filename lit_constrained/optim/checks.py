@@ -22,6 +22,21 @@ import torch
 from torch import Tensor
 
 
+SECOND_BACKWARD = "backward through the graph a second time"
+"""Part of torch's message when a ``torch.autograd.grad`` call without ``create_graph=True`` freed a
+graph that a later derivative (or the Jacobian) needs."""
+
+DERIVATIVE_FIX = (
+    "A residual with derivatives with respect to the inputs needs create_graph=True in EVERY "
+    "torch.autograd.grad call it makes (for a Laplacian: the first derivative AND each second "
+    "derivative): a call without it frees the graph the next derivative needs and leaves the result "
+    "without its dependence on the weights, which the constraint Jacobian differentiates. Or use the "
+    "operators of lit_constrained.physics (partial, gradient, laplacian, divergence, time_derivative, "
+    "derivatives), which need no create_graph: e.g. laplacian(lambda x: self.net(x)[:, 0], x)."
+)
+"""The fix for a derivative taken without ``create_graph=True`` (see :data:`SECOND_BACKWARD`)."""
+
+
 def check_lr(lr: float | None, allow_none: bool = False) -> None:
     if lr is None and allow_none:
         return
@@ -128,12 +143,17 @@ def check_constraints(c: Any, where: str, expected_m: int | None = None, need_gr
     if expected_m is not None and c.numel() != expected_m:
         raise ValueError(
             f"{where} returned {c.numel()} constraints, but {expected_m} at the previous step: the "
-            "constraint set must stay fixed (choose the constraint points once, e.g. in setup())."
+            "constraint set must stay fixed. If constraints() comes from the batch (a residual at its "
+            "points), the last batch of an epoch is smaller when the number of rows is not a multiple of "
+            "batch_size: pass drop_last=True to the training DataLoader, or train full-batch (one item "
+            "holding every row: DataLoader([batch], batch_size=None), or RowDataModule's "
+            "batch_mode='full'). Otherwise choose the constraint points once (a buffer set in __init__ or "
+            "setup(), or tensors a RowDataModule attaches whole to every batch: its fixed())."
         )
     if need_grad and not c.requires_grad:
         raise ValueError(
             f"{where} returned a tensor without grad (shape {tuple(c.shape)}): compute it from the "
-            "network's output without detaching or torch.no_grad()."
+            "network's output without detaching or torch.no_grad(). " + DERIVATIVE_FIX
         )
     return c
 

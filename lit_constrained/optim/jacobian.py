@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
+from .checks import DERIVATIVE_FIX
 from .flat import real_view
 
 JacobianMethod = Literal["auto", "batched", "loop"]
@@ -121,7 +122,7 @@ def constraint_jacobian(
 _SECOND_BACKWARD = (
     "The constraint Jacobian needs the graph of the constraints, but part of it was already freed by a "
     "torch.autograd.grad call inside constraints() (e.g. an ODE residual's du/dt): compute the residual "
-    "with create_graph=True: torch.autograd.grad(u.sum(), t, create_graph=True)."
+    "with create_graph=True. " + DERIVATIVE_FIX
 )
 
 

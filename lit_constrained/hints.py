@@ -1,0 +1,146 @@
+"""Hints that name the fix, for the mistakes of a first day with the package.
+
+Each function returns the words that an error or warning adds to what went wrong: which setting,
+argument or helper fixes it. The Lightning layer (:mod:`lit_constrained.module`,
+:mod:`lit_constrained.stepping`) and the command line attach them to the exception raised in the
+user's code (:func:`add_hint`: the original exception, its type and traceback kept, the hint appended
+as a note), so the message a user reads ends with the fix. This module imports no Lightning.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from torch import Tensor
+
+from lit_constrained.optim.checks import DERIVATIVE_FIX, SECOND_BACKWARD  # noqa: E402,F401  (re-exported)
+
+
+def add_hint(error: BaseException, hint: str) -> BaseException:
+    """``error`` with ``hint`` appended to what it prints (a note, Python >= 3.11; the message itself
+    before), so that re-raising it (``raise``) keeps its type and traceback. Returns ``error``."""
+    if sys.version_info >= (3, 11):
+        error.add_note(hint)
+    elif error.args and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]}\n{hint}", *error.args[1:])
+    else:
+        error.args = (*error.args, hint)
+    return error
+
+
+def describe_batch(batch: Any, depth: int = 0) -> str:
+    """What a batch is, in words: ``"a tuple of 2: Tensor (64, 1) float32, Tensor (64, 1) float32"``,
+    ``"a dict with keys 'x' (Tensor (51, 2) float32), 'u' (...)"``, ``"Tensor (51, 1) float32"``."""
+    if isinstance(batch, Tensor):
+        return f"Tensor {tuple(batch.shape)} {str(batch.dtype).removeprefix('torch.')}"
+    if depth >= 2:
+        return type(batch).__name__
+    if isinstance(batch, Mapping):
+        items = ", ".join(f"{key!r} ({describe_batch(value, depth + 1)})" for key, value in list(batch.items())[:8])
+        more = f" and {len(batch) - 8} more" if len(batch) > 8 else ""
+        return f"a dict with keys {items}{more}"
+    if isinstance(batch, (list, tuple)):
+        items = ", ".join(describe_batch(value, depth + 1) for value in list(batch)[:6])
+        more = f", ... ({len(batch)} in all)" if len(batch) > 6 else ""
+        return f"a {type(batch).__name__} of {len(batch)}: {items}{more}"
+    return type(batch).__name__ if batch is not None else "None"
+
+
+def evaluation_hook_hint(task: str, hook: str, stage: str, batch: Any, train_batch: str | None) -> str:
+    """The hint for an error raised in ``task.hook(batch)`` on a validation or test batch."""
+    seen = f"; the training batches were {train_batch}" if train_batch else ""
+    stage_name = "validation" if stage == "val" else stage
+    return (
+        f"{task}.{hook}() failed on a {stage_name} batch. ConstrainedModule evaluates objective() and "
+        f"constraints() (and validation_constraints(), evaluation_metrics()) on every validation and test "
+        f"batch too, to log Objective/{stage} and Violation/{stage}, and once before training (step 0). "
+        f"This {stage_name} batch is {describe_batch(batch)}{seen}. Give the {stage} DataLoader batches of "
+        f"the form the training batches have, or make objective() and constraints() accept this form too."
+    )
+
+
+def init_arguments(cls: type) -> list[str]:
+    """The keyword arguments ``cls(...)`` takes after its first positional one (an optimizer's params)."""
+    try:
+        parameters = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return names[1:] if names and names[0] in ("params", "parameters") else names
+
+
+def _optimizer_classes() -> Iterable[type]:
+    """The optimizers of lit_constrained.optim, then torch.optim's (those that take a ``params``)."""
+    import torch.optim
+
+    import lit_constrained.optim as package
+
+    for module in (package, torch.optim):
+        for name in sorted(getattr(module, "__all__", dir(module))):
+            value = getattr(module, name, None)
+            if isinstance(value, type) and issubclass(value, torch.optim.Optimizer) and value is not torch.optim.Optimizer:
+                yield value
+
+
+def optimizer_argument_hint(cls: type, argument: str) -> str:
+    """The hint for an optimizer class given an argument it does not take: its arguments, and which
+    optimizers of the package (else of torch.optim) take that argument."""
+    accepted = init_arguments(cls)
+    takers = [c for c in _optimizer_classes() if c is not cls and argument in init_arguments(c)]
+    package = [c for c in takers if c.__module__.startswith("lit_constrained")]
+    # the hard-constrained methods first: the user of a ConstrainedModule most likely wants one of them
+    shown = sorted(package, key=lambda c: "constraints" not in getattr(c, "requires", ())) or takers[:4]
+    where = (
+        f" {argument!r} is an argument of " + ", ".join(f"{c.__module__.split('.')[0]}.optim.{c.__name__}" for c in shown)
+        + f" (e.g. class_path: {shown[0].__module__.split('.')[0]}.optim.{shown[0].__name__})."
+        if shown else ""
+    )
+    return f"{cls.__name__} takes no {argument!r}; its arguments are {', '.join(accepted)}.{where}"
+
+
+def unexpected_keyword(error: BaseException) -> str | None:
+    """The argument name of a ``TypeError: ... got an unexpected keyword argument 'x'`` (else None)."""
+    text = str(error)
+    marker = "unexpected keyword argument '"
+    if not isinstance(error, TypeError) or marker not in text:
+        return None
+    return text.split(marker, 1)[1].split("'", 1)[0]
+
+
+def task_kwargs_hint(task: type, argument: str) -> str:
+    """The hint for a task whose ``__init__`` does not pass ``argument`` (an option of
+    ConstrainedModule) on: it must accept ``**kwargs`` and hand them to ``ConstrainedModule``."""
+    return (
+        f"{task.__name__}.__init__ does not accept {argument!r}, an argument of ConstrainedModule (optimizer, "
+        "lr_scheduler, num_threads, max_grad_norm, ...). A task's __init__ must accept **kwargs and pass them "
+        f"on: def __init__(self, ..., **kwargs): super().__init__(**kwargs)."
+    )
+
+
+def one_row_loader_hint(rows: int) -> str:
+    """The warning for a training DataLoader that gives one row per step by DataLoader's default."""
+    return (
+        f"The training DataLoader gives ONE row per step: batch_size=1 (DataLoader's default) over a "
+        f"TensorDataset of {rows} rows, so objective() and constraints() see a single point at each step. "
+        "For full-batch training (every row at every step) pass the whole batch as one item: "
+        "DataLoader([dataset.tensors], batch_size=None), or use lit_constrained.tasks.datamodule.RowDataModule "
+        "(batch_mode='full'); for mini-batches set batch_size (with drop_last=True when constraints() comes "
+        "from the batch). If one row per step is what you want, pass a sampler or batch_sampler of your own."
+    )
+
+
+def not_imposed_hint(optimizer: str, penalty_weight: float) -> str:
+    """The warning for a task with constraints trained by an optimizer that does not impose them."""
+    how = (
+        f"penalized (penalty_weight={penalty_weight:g} adds penalty_weight * mean(c^2) to the objective)"
+        if penalty_weight > 0 else "monitored"
+    )
+    return (
+        f"{optimizer} does not impose constraints (it steps on the objective alone): this task's constraints() "
+        f"are {how}, not imposed (Violation/train and Violation/val only report them). To impose them, use "
+        "a constrained optimizer of lit_constrained.optim: SQPAdam (the default), SQPHeavyBall, AdamCon, "
+        "SQPMoMo or SQPMoMoAdam."
+    )
