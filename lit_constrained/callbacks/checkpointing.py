@@ -216,6 +216,8 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         return self.last_model_path
 
     def _save_last(self, trainer: "pl.Trainer") -> None:
+        # ModelCheckpoint's own (private) last-checkpoint machinery: it has no public "save last.ckpt now",
+        # and these keep its bookkeeping (last_model_path, the step saved) what Lightning expects
         if self._should_skip_saving_checkpoint(trainer):
             return
         start = time.perf_counter()
