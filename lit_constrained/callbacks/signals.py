@@ -13,12 +13,14 @@ decision to stop is taken at the end of a training step, the same step on every 
 
   .. math::
 
-      K = \\min\\left(K_\\max, \\max\\left(1, \\left\\lceil \\frac{t_\\text{check}}{\\bar t_\\text{step}}
-      \\right\\rceil\\right)\\right),
+      K_{i+1} = \\min\\left(K_\\max,\\ 2 K_i,\\ \\max\\left(1, \\left\\lceil
+      \\frac{t_\\text{check}}{\\bar t_\\text{step}} \\right\\rceil\\right)\\right), \\qquad K_0 = 1,
 
   with :math:`\\bar t_\\text{step}` rank 0's mean wall time per step since the previous check, so the
   ranks meet about every ``check_seconds`` (1 s) whatever a step costs, and all of them count the
-  same K. A signal therefore stops the run within about ``check_seconds`` plus one step.
+  same K. (K at most doubles from one check to the next: the first checks come after steps 1, 3,
+  7, 15, ..., so a signal at step s is acted on by step 2 s + 1 at the latest.) A signal therefore
+  stops the run within about ``check_seconds`` plus one step.
 
 Then the stop: ``last.ckpt`` is written at that step's end (by the run's checkpoint callback: a
 :class:`~lit_constrained.callbacks.checkpointing.CrashSafeCheckpoint`, or ``last.ckpt`` in the
@@ -170,8 +172,8 @@ class StopOnSignal(Callback):
         now = time.perf_counter()
         per_step = (now - self._last_check) / max(self._steps_since_check, 1)
         if per_step <= 0.0:
-            return self.max_check_steps
-        return max(1, min(self.max_check_steps, math.ceil(self.check_seconds / per_step)))
+            return min(self.max_check_steps, 2 * self._check_every)
+        return max(1, min(self.max_check_steps, 2 * self._check_every, math.ceil(self.check_seconds / per_step)))
 
     def _agreed_signal(self, trainer: "pl.Trainer") -> int:
         """The signal every rank stops on (0: none), decided identically on every rank."""

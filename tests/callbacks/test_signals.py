@@ -102,8 +102,13 @@ def test_the_fit_ends_after_the_last_step_or_epoch_the_same_way_on_every_rank() 
 
 
 def test_ranks_meet_about_every_check_seconds() -> None:
-    """K = min(K_max, max(1, ceil(t_check / t_step))) from rank 0's timing; other ranks propose 0."""
+    """K_next = min(K_max, 2 K, max(1, ceil(t_check / t_step))) from rank 0's timing; other ranks propose 0."""
     stop = StopOnSignal(check_seconds=1.0, max_check_steps=1000)
+    stop._check_every = 4
+    stop._steps_since_check = 4
+    stop._last_check = time.perf_counter() - 4 * 0.004
+    assert stop._proposal(SimpleNamespace(is_global_zero=True)) == 8  # at most doubled
+    stop._check_every = 1000
     stop._steps_since_check = 10
     stop._last_check = time.perf_counter() - 10 * 0.004  # 4 ms a step: 250 steps a second
     proposal = stop._proposal(SimpleNamespace(is_global_zero=True))
