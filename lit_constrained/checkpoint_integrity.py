@@ -250,7 +250,8 @@ def read_checkpoint(path: str | Path | IO, load: Callable[[], Any] | None = None
     except CheckpointError:
         raise
     except pickle.UnpicklingError as error:
-        if "weights_only" in str(error) or "Weights only" in str(error):
+        refused = "weights_only" in str(error) or "Weights only" in str(error)
+        if refused and zipfile.is_zipfile(local):  # a whole file with types outside torch's safe list
             raise CheckpointReadError(
                 f"Checkpoint {path} holds objects that a weights_only load refuses ({str(error).splitlines()[0]}): "
                 "only if you trust the file, load it with weights_only=False."

@@ -21,14 +21,17 @@ the same rule with :math:`j \ge 0` holds for :math:`\max|c|`; a non-finite f or 
 :math:`e_k = \|J\Delta x + s c\| / \|s c\|`, the relative least-squares residual of the normal
 equations :math:`J d = -c` (about 1e-10 in float64, 1e-4 in float32 when c lies in the range of J; 1
 when no step can reduce c, e.g. a constant residual). Over the last ``window`` (10) observations the
-constraints look infeasible when the median of :math:`e` is at least ``infeasible_error`` (0.1), max |c|
-has not halved over the window, and stays above both :math:`10^{-3}\max|c_0|` and
-:math:`\sqrt{\varepsilon}` of the weights' dtype (so round-off at a feasible point does not count).
+constraints look infeasible when the median of :math:`e` is at least ``infeasible_error`` (0.1), the
+rank of J (``optim/rank``) is below m (with full row rank, J d = -c is always solvable: a residual there is
+round-off), max |c| has not halved over the window, and it stays above both :math:`10^{-3}\max|c_0|` and
+:math:`\sqrt{\varepsilon}` of the weights' dtype (so round-off at a feasible point does not count). A
+rank that fell during the run is named as the likely cause (a network saturated by too large steps).
 
-**lr = 0.** With ``rho="full"`` the normal step does not scale with the lr (:math:`\rho_k = 1/\alpha_k`):
-lr = 0 removes the tangential (objective) step but every step still restores the linearized constraints,
-so the weights move. That is a feasibility projection, which may be what is wanted; the fit says so once
-at its start.
+**lr = 0.** With ``rho="full"`` the normal step does not scale with the lr (:math:`\rho_k = 1/\alpha_k`),
+and the post-step corrections (``max_corrections``) never do: lr = 0 removes the tangential (objective)
+step, but every step still restores the constraints, so the weights move. That is a feasibility
+projection, which may be what is wanted; the fit says so once at its start (only a numeric rho with
+``max_corrections=0`` makes lr = 0 no step).
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class _Observation:
     objective: float
     violation: float | None
     feasibility_error: float | None
+    rank: float | None = None  # numerical rank of J (the optimizer's diagnostic)
+    rows: int = 0  # m, the number of constraint rows
 
 
 def _fmt(value: float) -> str:
@@ -103,14 +108,23 @@ class RunHealth(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for optimizer in trainer.optimizers:
-            groups = [g for g in optimizer.param_groups if float(g.get("lr", 1.0)) == 0.0 and g.get("rho") == "full"]
-            if groups:
-                self._report(trainer, "lr_zero", (
-                    f"lit-constrained: lr = 0 with rho='full' ({type(optimizer).__name__}): the objective's (tangential) step is zero, "
-                    "but every step still takes the full normal step -J^+ c, which moves the weights to restore the "
-                    "linearized constraints (a feasibility projection). To leave the weights unchanged, do not fit; "
-                    "to damp the normal step with the lr, give a number as rho (lr * rho = 0 is then no step)."
-                ))
+            for group in optimizer.param_groups:
+                if float(group.get("lr") or 0.0) != 0.0 or group.get("lr") is None:
+                    continue
+                moves = []
+                if group.get("rho") == "full":
+                    moves.append("the full normal step -J^+ c (rho='full' does not scale it with the lr)")
+                if int(group.get("max_corrections") or 0) > 0:
+                    moves.append(f"up to {int(group['max_corrections'])} Gauss-Newton corrections toward "
+                                 "max |c| <= constraint_tol (max_corrections)")
+                if moves:
+                    self._report(trainer, "lr_zero", (
+                        f"lit-constrained: lr = 0 ({type(optimizer).__name__}): the objective's (tangential) step is "
+                        f"zero, but every step still takes {' and '.join(moves)}, so the weights move onto the "
+                        "constraints (a feasibility projection). For no step at all, give a number as rho and "
+                        "max_corrections=0."
+                    ))
+                    return
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -140,15 +154,19 @@ class RunHealth(Callback):
             violation = c.detach().abs().max() if isinstance(c, Tensor) and c.numel() else None
         if violation is not None:
             values.append(violation.detach().reshape(()).to(f.device, torch.float64))
-        error = diagnostics.get("linearized_feasibility_error")
-        if isinstance(error, Tensor):
-            values.append(error.detach().reshape(()).to(f.device, torch.float64))
+        extra = [diagnostics.get(k) for k in ("linearized_feasibility_error", "rank")]
+        present = [isinstance(v, Tensor) for v in extra]
+        values.extend(v.detach().reshape(()).to(f.device, torch.float64) for v in extra if isinstance(v, Tensor))
         numbers = torch.stack(values).tolist()  # the one host read
+        tail = iter(numbers[2 if violation is not None else 1:])
+        error, rank = (next(tail) if here else None for here in present)
         return _Observation(
             step=max(step - 1, 0),
             objective=numbers[0],
             violation=numbers[1] if violation is not None else None,
-            feasibility_error=numbers[-1] if isinstance(error, Tensor) else None,
+            feasibility_error=error,
+            rank=rank,
+            rows=c.numel() if isinstance(c, Tensor) else 0,
         )
 
     # ------------------------------------------------------------------ divergence
@@ -210,15 +228,29 @@ class RunHealth(Callback):
         lowest = min(violations)  # type: ignore[type-var]
         stalled = lowest >= 0.5 * violations[0]  # type: ignore[operator]
         far = lowest >= max(1e-3 * start, self._eps_floor)  # type: ignore[operator]
-        if median >= self.infeasible_error and stalled and far:
-            self._report(trainer, "infeasible", (
-                f"lit-constrained: the constraints look infeasible: max |c| stays near {_fmt(violations[-1])} "
-                f"(steps {recent[0].step}-{recent[-1].step}; {_fmt(start)} at the start) and the step cannot reduce "
-                f"it: the least-squares residual of J d = -c is {median:.0%} of ||c|| (median of "
-                "optim/linearized_feasibility_error; ~0 when the constraints can be met). Check that constraints() "
-                "can vanish: no contradictory rows (two values asked at one point), no residual that does not "
-                "depend on the weights, a network able to represent them (optim/rank shows the rank of J)."
-            ))
+        # J d = -c has an exact solution whenever J has full row rank: a residual needs rank(J) < m
+        deficient = all(o.rank is None or o.rank < o.rows for o in recent)
+        if median >= self.infeasible_error and stalled and far and deficient:
+            self._report(trainer, "infeasible", self._infeasible_message(trainer, recent, start, median))
+
+    def _infeasible_message(self, trainer: pl.Trainer, recent: list[_Observation], start: float, median: float) -> str:
+        now = recent[-1]
+        first_rank = self._first.rank if self._first is not None else None
+        if now.rank is not None and first_rank is not None and now.rank < first_rank:
+            lr = self._lr(trainer)
+            cause = (f"The rank of J fell from {first_rank:.0f} to {now.rank:.0f} (m = {now.rows}) during the run: the "
+                     "network lost the freedom to meet them, often from steps too large for it (saturated units): "
+                     f"try a smaller lr{f' (now {lr:.3g})' if lr else ''}.")
+        else:
+            rank = f" (rank of J {now.rank:.0f} < m = {now.rows})" if now.rank is not None else ""
+            cause = (f"Check that constraints() can vanish{rank}: no contradictory rows (two values asked at one "
+                     "point), no residual that does not depend on the weights, a network able to represent them.")
+        return (
+            f"lit-constrained: the constraints look infeasible: max |c| stays near {_fmt(now.violation or 0.0)} "
+            f"(steps {recent[0].step}-{now.step}; {_fmt(start)} at the start) and the step cannot reduce it: the "
+            f"least-squares residual of J d = -c is {median:.0%} of ||c|| (median of "
+            f"optim/linearized_feasibility_error; ~0 when the constraints can be met). {cause}"
+        )
 
     # ------------------------------------------------------------------ reporting
     @staticmethod

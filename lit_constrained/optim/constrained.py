@@ -19,6 +19,11 @@ their passes over J by linearity: J is read for the Gram matrix, for :math:`\til
 ``rho="full"`` (the default) takes :math:`s = 1` (:math:`\rho_k = 1/\alpha_k` at every step, so it
 follows LR schedulers): the linearized constraint :math:`c + J \Delta x` is restored in one step
 instead of shrinking by :math:`(1 - \alpha \rho)` per step. A numeric ``rho`` is the papers' method.
+So ``lr = 0`` is not "no step": it removes the tangential (objective) step, but with ``rho="full"`` each
+step still takes the full normal step, and with any rho the post-step corrections (``max_corrections``)
+still pull max |c| down to ``constraint_tol``: the weights move onto the constraints (a feasibility
+projection). Only a numeric rho with ``max_corrections=0`` leaves them unchanged at lr = 0 (the fit
+warns: :class:`~lit_constrained.callbacks.health.RunHealth`).
 
 **The normal-step safeguard** (``max_normal_step``). Far from feasibility the linearization can be
 poor and a full normal step huge (a Darcy FNO's first full normal step has norm ~730). A number caps

@@ -1,0 +1,223 @@
+"""Checkpoints that are not trained on silently when damaged: the content hash, clear read errors, safe writes.
+
+Corruption is made as the issue did: bytes flipped inside the saved file (64 in the weights, 10 in
+Adam's second moment), found by their values in the file, then both a resume (``trainer.fit(ckpt_path=)``)
+and ``load_from_checkpoint`` must refuse it, naming the file and what differs.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import hashlib
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lit_constrained.callbacks.integrity import CheckpointIntegrity, disk_full
+from lit_constrained.checkpoint_integrity import (
+    INTEGRITY_KEY,
+    CheckpointCorruptedError,
+    CheckpointReadError,
+    CheckpointWriteError,
+    IntegrityCheckpointIO,
+    content_digests,
+    read_checkpoint,
+    verify_content_hash,
+)
+from lit_constrained.tasks.curve import CurveData, CurveFit
+from tests.helpers.lightning import quiet_trainer
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs/curve/sqp_adam.yaml"
+
+
+def _model() -> CurveFit:
+    return CurveFit(hidden=8, optimizer=functools.partial(torch.optim.Adam, lr=1e-2))
+
+
+def _data() -> CurveData:
+    return CurveData(num_samples=16, batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The last.ckpt of a 3-step fit with a ModelCheckpoint (what a run writes)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    directory = tmp_path_factory.mktemp("run")
+    torch.manual_seed(0)
+    trainer = quiet_trainer(max_steps=3, limit_val_batches=0, enable_checkpointing=True,
+                            callbacks=[ModelCheckpoint(dirpath=directory, save_last=True, save_top_k=0)])
+    trainer.fit(_model(), _data())
+    return directory / "last.ckpt"
+
+
+def _copy(saved: Path, tmp_path: Path, name: str = "copy.ckpt") -> Path:
+    target = tmp_path / name
+    target.write_bytes(saved.read_bytes())
+    return target
+
+
+def test_every_tensor_and_section_has_its_own_sha256(saved: Path) -> None:
+    checkpoint = torch.load(saved, weights_only=True)
+    stored = checkpoint[INTEGRITY_KEY]
+    assert stored["algorithm"] == "sha256"
+    weight = checkpoint["state_dict"]["net.0.weight"]
+    # independently: SHA-256 of the dtype, the shape and the raw bytes
+    expected = hashlib.sha256(f"{weight.dtype}{tuple(weight.shape)}".encode() + weight.numpy().tobytes()).hexdigest()
+    assert stored["digests"]["state_dict/net.0.weight"] == expected
+    exp_avg_sq = [k for k in stored["digests"] if k.startswith("optimizer_states/0/state/") and k.endswith("exp_avg_sq")]
+    assert exp_avg_sq and {"epoch", "loops", "hyper_parameters", "state_dict"} <= set(stored["digests"])
+    assert verify_content_hash(checkpoint, str(saved)) is True
+    assert content_digests(checkpoint) == dict(stored["digests"])  # the entry itself is not hashed
+
+
+def _flip(path: Path, tensor: torch.Tensor, count: int) -> None:
+    """Flip ``count`` bytes of ``tensor``'s storage inside the saved file (found by its bytes)."""
+    data = bytearray(path.read_bytes())
+    raw = tensor.contiguous().numpy().tobytes()
+    offset = data.find(raw)
+    assert offset >= 0 and data.find(raw, offset + 1) < 0, "the tensor's bytes are not unique in the file"
+    for index in range(offset, offset + min(count, len(raw))):
+        data[index] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def corrupted(saved: Path, tmp_path: Path) -> Path:
+    """A copy of ``saved`` with 64 bytes flipped in the first weight and 10 in Adam's second moment."""
+    target = _copy(saved, tmp_path, "corrupted.ckpt")
+    checkpoint = torch.load(saved, weights_only=True)
+    _flip(target, checkpoint["state_dict"]["net.0.weight"], 64)
+    second_moment = next(s["exp_avg_sq"] for s in checkpoint["optimizer_states"][0]["state"].values())
+    _flip(target, second_moment, 10)
+    return target
+
+
+def test_a_corrupted_checkpoint_is_refused_by_resume_and_by_load_from_checkpoint(corrupted: Path) -> None:
+    torch.load(corrupted, weights_only=True)  # torch itself reads it without a word
+    with pytest.raises(CheckpointCorruptedError) as resume:
+        quiet_trainer(max_steps=5, limit_val_batches=0).fit(_model(), _data(), ckpt_path=corrupted)
+    with pytest.raises(CheckpointCorruptedError) as load:
+        CurveFit.load_from_checkpoint(corrupted)
+    for raised in (resume, load):
+        message = str(raised.value)
+        assert str(corrupted) in message and "state_dict/net.0.weight" in message and "exp_avg_sq" in message
+        assert "\n" not in message
+        assert len(raised.value.differing) == 2  # exactly the two tensors touched
+
+
+@pytest.fixture(scope="module")
+def cli_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The last.ckpt of a 3-step ``lit-constrained fit`` of the curve config (SQP-Adam, the CLI's checkpoint)."""
+    from lit_constrained.cli import main
+
+    root = tmp_path_factory.mktemp("cli")
+    main(["fit", "--config", str(CONFIG), "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+          "--trainer.max_steps", "3", "--trainer.default_root_dir", str(root)])
+    return root / "checkpoints" / "last.ckpt"
+
+
+def test_a_corrupted_checkpoint_is_refused_by_the_command_line(
+    cli_saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lit_constrained.cli import main
+
+    corrupted = _copy(cli_saved, tmp_path, "last.ckpt")
+    checkpoint = torch.load(cli_saved, weights_only=True)
+    _flip(corrupted, checkpoint["state_dict"]["net.0.weight"], 64)
+    _flip(corrupted, checkpoint["optimizer_states"][0]["state"]["flat"]["second_moment"], 10)  # SQP-Adam's moment
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
+    with pytest.raises(CheckpointCorruptedError) as raised:
+        main(["fit", "--config", str(CONFIG), "--ckpt_path", str(corrupted), "--trainer.logger", "false",
+              "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "5",
+              "--trainer.default_root_dir", str(tmp_path)])
+    assert raised.value.differing == ["state_dict/net.0.weight", "optimizer_states/0/state/flat/second_moment"]
+    assert str(corrupted) in str(raised.value)
+
+
+def test_an_intact_checkpoint_resumes_and_loads(saved: Path) -> None:
+    trainer = quiet_trainer(max_steps=5, limit_val_batches=0)
+    trainer.fit(_model(), _data(), ckpt_path=saved)
+    assert trainer.global_step == 5
+    loaded = CurveFit.load_from_checkpoint(saved)
+    expected = torch.load(saved, weights_only=True)["state_dict"]["net.0.weight"]
+    assert torch.equal(loaded.state_dict()["net.0.weight"], expected)
+
+
+def test_a_checkpoint_without_a_hash_loads_with_a_one_line_note(
+    saved: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    checkpoint = torch.load(saved, weights_only=True)
+    del checkpoint[INTEGRITY_KEY]  # as plain Lightning writes it
+    torch.save(checkpoint, tmp_path / "plain.ckpt")
+    with caplog.at_level(logging.INFO):
+        CurveFit.load_from_checkpoint(tmp_path / "plain.ckpt")
+        quiet_trainer(max_steps=4, limit_val_batches=0).fit(_model(), _data(), ckpt_path=tmp_path / "plain.ckpt")
+    notes = [r.getMessage() for r in caplog.records if "no content hash" in r.getMessage()]
+    assert len(notes) == 2 and all(str(tmp_path / "plain.ckpt") in n and "\n" not in n for n in notes)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "directory"])
+def test_an_unreadable_file_is_one_line_naming_it(damage: str, saved: Path, tmp_path: Path) -> None:
+    target = tmp_path / "bad.ckpt"
+    content = saved.read_bytes()
+    if damage == "directory":
+        target.mkdir()
+    else:
+        target.write_bytes({"empty": b"", "truncated": content[: len(content) // 2],
+                            "garbage": bytes(range(256)) * 4}[damage])
+    expected = {"empty": "is empty (0 bytes)", "truncated": "is truncated", "garbage": "is not a checkpoint",
+                "directory": "is a directory"}[damage]
+    for attempt in (
+        lambda: quiet_trainer(max_steps=4, limit_val_batches=0).fit(_model(), _data(), ckpt_path=target),
+        lambda: CurveFit.load_from_checkpoint(target),
+        lambda: read_checkpoint(target, weights_only=True, map_location="cpu", mmap=True),  # the --ckpt_path read
+    ):
+        with pytest.raises(CheckpointReadError) as raised:
+            attempt()
+        message = str(raised.value)
+        assert message.startswith(f"Checkpoint {target} ") and expected in message and "\n" not in message
+
+
+def test_a_full_disk_names_the_file_and_keeps_the_previous_checkpoint(
+    saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lit_constrained.checkpoint_integrity as integrity
+
+    target = _copy(saved, tmp_path, "last.ckpt")
+    before = target.read_bytes()
+    checkpoint = torch.load(saved, weights_only=True)
+
+    def full_disk(obj: Any, handle: Any, *args: Any, **kwargs: Any) -> None:
+        handle.write(b"PK\x03\x04 half a file")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(integrity.torch, "save", full_disk)
+    with pytest.raises(CheckpointWriteError) as raised:
+        IntegrityCheckpointIO().save_checkpoint(checkpoint, target)
+    message = str(raised.value)
+    assert f"Could not write the checkpoint {target}: No space left on device (ENOSPC)" in message
+    assert "The previous last.ckpt is unchanged" in message and "Free some space" in message
+    assert target.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert disk_full(raised.value)
+
+
+def test_a_full_disk_seen_by_the_logger_is_named_as_such(capsys: pytest.CaptureFixture) -> None:
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise ValueError("\n you tried to log 0.03 which is currently not supported.")  # Lightning's TB logger
+    except ValueError as error:
+        logged = error
+    trainer = quiet_trainer(max_steps=1)
+    CheckpointIntegrity().on_exception(trainer, None, logged)  # type: ignore[arg-type]
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("lit-constrained: the disk is full") and "you tried to log" in line and "\n" not in line
+    CheckpointIntegrity().on_exception(trainer, None, ValueError("other"))  # type: ignore[arg-type]
+    assert capsys.readouterr().err == ""
