@@ -115,13 +115,14 @@ def test_default_is_the_full_step_with_the_adaptive_radius(opt_cls):
 
 def test_the_radius_doubles_when_the_capped_step_achieves_the_predicted_decrease():
     x, opt = linear_problem(SQPHeavyBall, momentum=0.0)
+    reference = max(math.hypot(float(x.detach()[0]), 3.0), 1.0)  # ||x_1||: the radius' fixed scale
     for k in range(1, 40):
         before = float(x.detach()[0])
         constrained_step(opt, x, float(x.detach()[0]) - 5.0)  # the true (linear) constraint: ratio 1
         if float(x.detach()[0]) == pytest.approx(5.0, abs=1e-12):
             break
-        x_norm = math.hypot(before, 3.0)
-        assert float(x.detach()[0]) - before == pytest.approx(RULE.initial * 2 ** (k - 1) * x_norm, rel=1e-12)
+        radius = min(RULE.initial * 2 ** (k - 1), RULE.largest)
+        assert float(x.detach()[0]) - before == pytest.approx(radius * reference, rel=1e-12)
     assert k <= 8  # from 0.02 ||x|| to the full step of 5 in a handful of steps
     assert float(x.detach()[0]) == pytest.approx(5.0, abs=1e-12)
 
