@@ -721,7 +721,8 @@ class ConstrainedModule(pl.LightningModule, ABC):
     def configure_callbacks(self) -> list[pl.Callback]:
         """In every Trainer: the end-of-fit summary (:class:`~lit_constrained.callbacks.summary.FitSummary`),
         the run-health warnings (:class:`~lit_constrained.callbacks.health.RunHealth`) and hashed, verified
-        checkpoints (:class:`~lit_constrained.callbacks.integrity.CheckpointIntegrity`)."""
+        checkpoints (:class:`~lit_constrained.callbacks.integrity.CheckpointIntegrity`), the ``Log10/<tag>``
+        curves TensorBoard opens on (:class:`~lit_constrained.callbacks.log10.Log10Headlines`)."""
         trainer = getattr(self, "_trainer", None)
         if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
             # Lightning rejects gradient_clip_val and accumulate_grad_batches under manual optimization
@@ -730,9 +731,10 @@ class ConstrainedModule(pl.LightningModule, ABC):
             self._check_trainer(trainer)
         from .callbacks.health import RunHealth
         from .callbacks.integrity import CheckpointIntegrity
+        from .callbacks.log10 import Log10Headlines
         from .callbacks.summary import FitSummary
 
-        return [FitSummary(), RunHealth(), CheckpointIntegrity()]
+        return [FitSummary(), RunHealth(), CheckpointIntegrity(), Log10Headlines()]
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]

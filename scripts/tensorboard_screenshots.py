@@ -4,12 +4,16 @@
 Starts ``tensorboard`` on 127.0.0.1 (a free port) over LOGDIR, waits until all its data are loaded
 (the count of scalar points it serves stops growing), and saves what headless Chromium renders::
 
-    python scripts/tensorboard_screenshots.py lightning_logs docs/     # -> docs/tensorboard_opening.png,
-                                                                       #    docs/tensorboard_images.png
+    python scripts/tensorboard_screenshots.py lightning_logs docs/ --playwright node_modules
+        # -> docs/tensorboard_opening.png, docs/tensorboard_images.png, docs/tensorboard_custom_scalars.png
 
 With ``--playwright DIR`` (a ``node_modules`` folder holding ``playwright-core``: ``npm install
-playwright-core``) it also saves ``<prefix>log_scale.png``: the opening view after clicking, on each
-``Objective``/``Violation`` card, More line chart options -> Toggle Y-axis log scale, with smoothing 0.
+playwright-core``) the pages are driven by playwright, which waits for the charts to be drawn (the
+Time Series tab draws its lines with WebGL after its data arrive: Chromium's own ``--screenshot``
+with a virtual-time budget measured here, TensorBoard 2.21 and Chromium 156, showed the cards' axes
+but not always their lines), and it also saves ``<prefix>custom_scalars.png`` (the Custom Scalars
+tab: train and validation on one chart each). Without it, Chromium's ``--screenshot`` makes the first
+two views.
 
 Needs Debian's ``chromium`` (``apt-get install chromium``) or ``--chromium PATH``. Chromium runs with a
 fresh profile, without sandbox, GPU, network services or first-run UI, and renders for
@@ -95,47 +99,45 @@ def screenshot(chromium: str, url: str, path: Path, width: int, height: int, bud
         raise RuntimeError(f"Chromium wrote no screenshot to {path}")
 
 
-LOG_SCALE_SCRIPT = r"""
+PLAYWRIGHT_SCRIPT = r"""
 import { chromium } from "playwright-core";
-const [executable, url, out, width, height, ...flags] = process.argv.slice(2);
+const [view, executable, url, out, width, height, ...flags] = process.argv.slice(2);
 const browser = await chromium.launch({ executablePath: executable, args: flags });
 const page = await browser.newPage({ viewport: { width: Number(width), height: Number(height) } });
 await page.goto(url);
-await page.waitForSelector('button[aria-label="More line chart options"]', { timeout: 60000 });
-await page.waitForTimeout(2000);
-const smoothing = page.locator('input.slider-input');  // Settings pane: smoothing 0 (raw values)
-if (await smoothing.count()) { await smoothing.first().fill("0"); await smoothing.first().press("Enter"); }
-const menus = page.locator('button[aria-label="More line chart options"]');
-const cards = Math.min(await menus.count(), 4);  // the Objective and Violation groups come first
-for (let i = 0; i < cards; i++) {
-  await menus.nth(i).click();
-  await page.getByText("Toggle Y-axis log scale").click();
-  await page.waitForTimeout(300);
+if (view === "images") {
+  await page.waitForSelector("img", { timeout: 60000 });
+  await page.waitForTimeout(4000);
+} else if (view === "custom_scalars") {
+  await page.waitForSelector("tf-custom-scalar-multi-line-chart-card", { timeout: 60000 });
+  await page.waitForTimeout(8000);
+} else {
+  await page.waitForSelector('button[aria-label="More line chart options"]', { timeout: 60000 });
+  await page.waitForTimeout(8000);  // the cards' data requests and their WebGL lines
 }
-await page.evaluate(() => document.querySelectorAll("*").forEach((e) => { e.scrollTop = 0; }));
-await page.waitForTimeout(2000);
 await page.screenshot({ path: out });
 await browser.close();
 """
 
 
-def log_scale_screenshot(
-    node_modules: Path, chromium: str, url: str, path: Path, width: int, height: int
+def playwright_screenshot(
+    view: str, node_modules: Path, chromium: str, url: str, path: Path, width: int, height: int
 ) -> None:
-    """The opening view with the headline cards on a log y axis (playwright-core drives the clicks)."""
+    """``view`` ("opening", "images" or "custom_scalars") rendered by Chromium under playwright-core,
+    which waits for the page's charts."""
     node = shutil.which("node")
     if node is None:
         raise RuntimeError("--playwright needs node (apt-get install nodejs)")
     with tempfile.TemporaryDirectory(prefix="tb-playwright-") as tmp:
-        script = Path(tmp, "log_scale.mjs")
-        script.write_text(LOG_SCALE_SCRIPT)
+        script = Path(tmp, "screenshot.mjs")
+        script.write_text(PLAYWRIGHT_SCRIPT)
         (Path(tmp) / "node_modules").symlink_to(node_modules.resolve())  # ESM resolves from the script's folder
         # playwright starts chromium headless with a fresh temporary profile of its own
         flags = [f for f in CHROMIUM_FLAGS if f != "--headless"]
-        done = subprocess.run([node, str(script), chromium, url, str(path), str(width), str(height), *flags],
+        done = subprocess.run([node, str(script), view, chromium, url, str(path), str(width), str(height), *flags],
                               capture_output=True, text=True, timeout=180)
         if done.returncode != 0:
-            raise RuntimeError(f"the log-scale screenshot failed:\n{done.stderr[-2000:]}")
+            raise RuntimeError(f"the {view} screenshot failed:\n{done.stderr[-2000:]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-ms", type=int, default=20000, help="virtual time for the page to render")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="how long to wait for TensorBoard")
     parser.add_argument("--playwright", type=Path, default=None,
-                        help="a node_modules folder with playwright-core: also save the log-scale view")
+                        help="a node_modules folder with playwright-core: drive Chromium with it (waits for the "
+                             "charts) and also save the Custom Scalars view")
     args = parser.parse_args(argv)
     if not args.chromium:
         parser.error("no chromium found: apt-get install chromium, or pass --chromium PATH")
@@ -168,13 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         runs = wait_for_runs(url, args.timeout_s)
         wait_until_loaded(url, args.timeout_s)
         print(f"TensorBoard {url}: runs {runs}")
-        for view, fragment in VIEWS.items():
+        views = dict(VIEWS, custom_scalars="#custom_scalars") if args.playwright is not None else VIEWS
+        for view, fragment in views.items():
             path = (args.outdir / f"{args.prefix}{view}.png").resolve()
-            screenshot(args.chromium, f"{url}/{fragment}", path, args.width, args.height, args.budget_ms)
-            print(f"wrote {path}")
-        if args.playwright is not None:
-            path = (args.outdir / f"{args.prefix}log_scale.png").resolve()
-            log_scale_screenshot(args.playwright, args.chromium, f"{url}/", path, args.width, args.height)
+            if args.playwright is not None:
+                playwright_screenshot(view, args.playwright, args.chromium, f"{url}/{fragment}", path,
+                                      args.width, args.height)
+            else:
+                screenshot(args.chromium, f"{url}/{fragment}", path, args.width, args.height, args.budget_ms)
             print(f"wrote {path}")
     finally:
         server.terminate()

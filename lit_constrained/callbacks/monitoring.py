@@ -19,14 +19,18 @@ Tag families (one name, one meaning):
                          constant, such as a full rank, rho or lr without a scheduler, is written once
                          to the run's text summary instead of as a flat chart).
 ``prediction``           the task's ``prediction_figure()`` at every validation (Images tab).
+``Log10/<tag>``          log10 of ``Objective/*``, ``Violation/*``, ``residual/val`` at few,
+                         log-spaced steps (:mod:`lit_constrained.callbacks.log10`): readable on
+                         TensorBoard's default linear axes.
 =======================  ==========================================================================
 
 Why the capitals: TensorBoard's Time Series tab groups cards by the tag's first component, sorts the
 groups naturally (digits and upper case before lower case) and expands the first two groups when it
-opens. ``Objective`` and ``Violation`` are therefore the two open groups, above Lightning's ``epoch``,
-``optim/*``, ``val/*``. The same pairs are also written as a Custom Scalars layout (train and val
-on one chart each) and as the HParams tab's metrics (optimizer, lr, rho as columns), and Lightning's
-constant ``hp_metric`` placeholder is turned off.
+opens. ``Log10`` (the decades of the objective and the violation) and ``Objective`` are therefore the
+two open groups, above ``Violation``, Lightning's ``epoch``, ``optim/*``, ``val/*``. The same pairs
+are also written as a Custom Scalars layout (train and val on one chart each, log10 first) and as the
+HParams tab's metrics (optimizer, lr, rho as columns), and Lightning's constant ``hp_metric``
+placeholder is turned off.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any
 
 
 __all__ = [
-    "OBJECTIVE", "VIOLATION", "RESIDUAL", "DIAGNOSTICS", "FIGURE", "tag", "part_tag", "headline_tags", "scalar_layout",
+    "OBJECTIVE", "VIOLATION", "RESIDUAL", "DIAGNOSTICS", "FIGURE", "LOG10", "tag", "part_tag", "headline_tags", "scalar_layout",
     "run_hparams", "VaryingScalars", "tensorboard_writers", "write_scalars", "write_summary", "log_figure",
     "REDUNDANT_DIAGNOSTICS", "write_text", "small_figure", "run_name", "next_version", "default_logger",
     "imposes_constraints",
@@ -48,6 +52,8 @@ VIOLATION = "Violation"
 RESIDUAL = "residual"
 DIAGNOSTICS = "optim"
 FIGURE = "prediction"
+LOG10 = "Log10"
+"""``Log10/<tag>``: log10 of a headline tag at log-spaced steps (:mod:`lit_constrained.callbacks.log10`)."""
 
 #: Diagnostics not charted: ``violation_max`` is ``Violation/train`` (``violation_ratio`` the same over
 #: its first value); ``step_norm`` is
@@ -78,9 +84,14 @@ def headline_tags(has_constraints: bool, has_residual: bool, stages: Iterable[st
 
 def scalar_layout(has_constraints: bool, has_residual: bool) -> dict[str, dict[str, list[Any]]]:
     """A Custom Scalars layout: train and validation of each headline quantity on one chart."""
-    charts: dict[str, list[Any]] = {"objective f (train, val)": ["Multiline", [rf"^{OBJECTIVE}/(train|val)$"]]}
+    charts: dict[str, list[Any]] = {"log10 objective f (train, val)": ["Multiline", [rf"^{LOG10}/{OBJECTIVE}/(train|val)$"]]}
     if has_constraints:
-        charts["max |c| of the imposed constraints (train, val)"] = ["Multiline", [rf"^{VIOLATION}/(train|val)$"]]
+        charts["log10 max |c| (train, val)"] = ["Multiline", [rf"^{LOG10}/{VIOLATION}/(train|val)$"]]
+    if has_residual:
+        charts["log10 max residual over all validation points"] = ["Multiline", [rf"^{LOG10}/{RESIDUAL}/val$"]]
+    charts["objective f (train, val)"] = ["Multiline", [rf"^{OBJECTIVE}/(train|val)$"]]
+    if has_constraints:
+        charts["max |c| of the constraints (train, val)"] = ["Multiline", [rf"^{VIOLATION}/(train|val)$"]]
     if has_residual:
         charts["max residual over all validation points"] = ["Multiline", [rf"^{RESIDUAL}/val$"]]
     return {"constrained training": charts}

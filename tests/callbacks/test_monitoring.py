@@ -67,12 +67,14 @@ def _series(acc: EventAccumulator, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
-def test_the_opening_groups_are_objective_and_violation(run: dict[str, Any]) -> None:
+def test_the_opening_groups_are_log10_and_objective(run: dict[str, Any]) -> None:
     acc = run["acc"]
     tags = acc.Tags()
     all_tags = tags["scalars"] + tags["images"] + tags["histograms"]
-    assert _opening_groups(all_tags) == ["Objective", "Violation"]
-    assert {"Objective/train", "Objective/val", "Violation/train", "Violation/val"} <= set(tags["scalars"])
+    assert _opening_groups(all_tags) == ["Log10", "Objective"]
+    headline = {"Objective/train", "Objective/val", "Violation/train", "Violation/val"}
+    assert headline <= set(tags["scalars"])
+    assert {f"Log10/{t}" for t in headline} <= set(tags["scalars"])
     assert "hp_metric" not in tags["scalars"]
 
 
@@ -143,7 +145,11 @@ def test_custom_scalars_layout_puts_train_and_val_on_one_chart(run: dict[str, An
     charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
     tags = run["acc"].Tags()["scalars"]
     matched = {title: sorted(t for t in tags if any(re.search(p, t) for p in patterns)) for title, patterns in charts.items()}
-    assert sorted(matched.values()) == [["Objective/train", "Objective/val"], ["Violation/train", "Violation/val"]]
+    assert sorted(matched.values()) == [
+        ["Log10/Objective/train", "Log10/Objective/val"], ["Log10/Violation/train", "Log10/Violation/val"],
+        ["Objective/train", "Objective/val"], ["Violation/train", "Violation/val"],
+    ]
+    assert list(charts)[0].startswith("log10")  # the decades first
 
 
 def test_prediction_figure_at_every_validation(run: dict[str, Any]) -> None:
