@@ -5,7 +5,9 @@ It observes the training step's outputs (f and c at the weights before the updat
 ``diagnostics`` on the logging steps (``log_every_n_steps``; the diagnostics exist only there), plus
 the first step; each observation costs one host read of at most three numbers. Each finding is warned
 once (:class:`RunHealthWarning`, rank 0) and listed in the end-of-fit summary
-(:class:`~lit_constrained.callbacks.summary.FitSummary`), with what to try.
+(:class:`~lit_constrained.callbacks.summary.FitSummary`), with what to try. Batches skipped under
+``on_nonfinite="skip"`` are not observed (they are not the run's state); a resumed fit starts its
+references at the resumed step.
 
 **Divergence.** With :math:`F` = ``divergence_factor`` (1e3), the objective diverges at an observation
 when
@@ -129,6 +131,9 @@ class RunHealth(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        last = getattr(pl_module, "last_step", None)
+        if getattr(last, "skipped", False):  # on_nonfinite="skip": a skipped batch is not the run's state
+            return
         observation = self._observe(trainer, outputs)
         if observation is None:
             return
