@@ -28,8 +28,9 @@ directory of the first ``ModelCheckpoint``; nothing when checkpointing is off), 
 step's metrics as usual, and :class:`TrainingInterrupted` (exit status 1, one line saying where the
 checkpoint is) is raised at the next hook (the next step's start, a validation's start or the epoch's
 end). A stop agreed at the run's last step lets the run finish normally. A second Ctrl+C more than
-a second after the first aborts at once, or right after the checkpoint being written (within a
-second it is the same Ctrl+C, delivered by the terminal and again by a launcher that forwards it).
+3 s after the first aborts at once, or right after the checkpoint being written (within 3 s it is
+the same Ctrl+C, delivered by the terminal and again by a launcher that forwards it, late when the
+machine is loaded).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 HANDLED = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
 #: a repeated SIGINT within this many seconds is the same Ctrl+C (terminal and launcher both deliver it)
-REPEAT_SECONDS = 1.0
+REPEAT_SECONDS = 3.0
 
 
 class TrainingInterrupted(SystemExit):

@@ -122,12 +122,12 @@ def test_ranks_meet_about_every_check_seconds() -> None:
         StopOnSignal(max_check_steps=0)
 
 
-def test_a_repeated_sigint_within_a_second_is_the_same_ctrl_c() -> None:
+def test_a_repeated_sigint_within_seconds_is_the_same_ctrl_c() -> None:
     stop = StopOnSignal()
     stop._on_signal(signal.SIGINT, None)
     stop._on_signal(signal.SIGINT, None)  # the launcher's copy of the terminal's Ctrl+C: no abort
     assert stop._noted == signal.SIGINT
-    stop._noted_at -= 2.0
+    stop._noted_at -= 4.0
     stop._saving = True
     stop._on_signal(signal.SIGINT, None)  # a second Ctrl+C while last.ckpt is written: right after it
     assert stop._abort_after_save
