@@ -16,7 +16,8 @@ import inspect
 import logging
 import re
 import sys
-from typing import Any
+import textwrap
+from typing import Any, NoReturn
 
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
@@ -48,10 +49,14 @@ def plain_words(text: str) -> str:
 
 
 class PlainHelpFormatter(DefaultHelpFormatter):
-    """jsonargparse's help formatter with docstring markup turned into plain words."""
+    """jsonargparse's help formatter with docstring markup turned into plain words, wrapped at spaces
+    only (argparse's wrapping cuts a word longer than the column: "lit_const rained.callbacks...")."""
 
     def format_help(self) -> str:
         return plain_words(super().format_help())
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
 
 
 class _DroppedInitArgs(logging.Handler):
@@ -96,6 +101,21 @@ class ConstrainedArgumentParser(LightningArgumentParser):
     def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
         self._argv = [str(a) for a in (sys.argv[1:] if args is None else args)]
         return super().parse_args(args, *rest, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        """jsonargparse's error without its usage dump (tens of lines before the one that matters): the
+        message, the fix where one is known (:func:`lit_constrained.hints.cli_error_hint`: an argument a
+        task or an optimizer does not take) and where the options are listed; exit status 2."""
+        if not self.exit_on_error:
+            super().error(message, ex)  # raises (jsonargparse's nested parsers catch it)
+        from lit_constrained.hints import cli_error_hint
+
+        self._logger.error(message)
+        prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
+        hint = cli_error_hint(message)
+        sys.stderr.write(f"{prog}: error: {message}\n" + (f"fix: {hint}\n" if hint else "")
+                         + f"(the options: {prog} --help)\n")
+        self.exit(2)
 
     def _parse_common(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         # the command line is parsed (class switches done), --print_config not yet answered

@@ -30,13 +30,13 @@ LIGHTNING_SUBCOMMANDS = {
     "fit": "train: lit-constrained fit --config configs/spring/recommended/sqp_adam.yaml",
     "validate": "one pass over the validation data (--ckpt_path to evaluate a checkpoint)",
     "test": "one pass over the test data",
-    "predict": "run the model's forward on the prediction data",
+    "predict": "run the model's forward on the DataModule's predict_dataloader() (a task's data must define one)",
 }
 
 EPILOG = """\
-Each subcommand has its own help, e.g. lit-constrained fit --help (all Trainer, model and data
-options), lit-constrained fit --model.help lit_constrained.tasks.spring.Spring (one task's options),
-lit-constrained compare --help. A config names a task by class path; a task in a file next to the
+Each subcommand has its own help, e.g. lit-constrained fit --help (the options a run uses; --help-all:
+all Trainer, model and data options), lit-constrained fit --model.help lit_constrained.tasks.spring.Spring
+(one task's options), lit-constrained compare --help. A config names a task by class path; a task in a file next to the
 config (mytask.py) is found from the working directory: class_path: mytask.MyTask."""
 
 
@@ -100,12 +100,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                           "predict; compare takes --config-dir (lit-constrained compare --help)")
         compare.check_arguments(compare.parser(), args)
         sys.exit(compare.run(args))
+    from lit_constrained import cli_fast  # imports neither torch nor Lightning
+
+    rest = list(args.args)
+    if args.subcommand == "fit" and ("--help" in rest or "-h" in rest):
+        print(cli_fast.short_fit_help(), end="")  # one page; --help-all has every option
+        return
+    rest = ["--help" if arg == cli_fast.HELP_ALL else arg for arg in rest]
+    cli_fast.run_preflight(args.subcommand, rest)  # a missing config, an unknown key: in milliseconds
     from lit_constrained import cli
 
     if args.subcommand == "fit":
-        cli.run_fit(args.args, top_level=lightning_options(args))
+        cli.run_fit(rest, top_level=lightning_options(args))
     else:
-        cli.main([*lightning_options(args), args.subcommand, *args.args])
+        cli.main([*lightning_options(args), args.subcommand, *rest])
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Each function returns the words that an error or warning adds to what went wrong
 argument or helper fixes it. The Lightning layer (:mod:`lit_constrained.module`,
 :mod:`lit_constrained.stepping`) and the command line attach them to the exception raised in the
 user's code (:func:`add_hint`: the original exception, its type and traceback kept, the hint appended
-as a note), so the message a user reads ends with the fix. This module imports no Lightning.
+as a note), so the message a user reads ends with the fix. Importing this module imports neither torch
+nor Lightning (the command line's early checks use it; :mod:`lit_constrained.optim.checks` takes its
+wording of the derivative fix from here).
 """
 
 from __future__ import annotations
@@ -14,9 +16,19 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from torch import Tensor
+SECOND_BACKWARD = "backward through the graph a second time"
+"""Part of torch's message when a ``torch.autograd.grad`` call without ``create_graph=True`` freed a
+graph that a later derivative (or the Jacobian) needs."""
 
-from lit_constrained.optim.checks import DERIVATIVE_FIX, SECOND_BACKWARD  # noqa: E402,F401  (re-exported)
+DERIVATIVE_FIX = (
+    "A residual with derivatives with respect to the inputs needs create_graph=True in EVERY "
+    "torch.autograd.grad call it makes (for a Laplacian: the first derivative AND each second "
+    "derivative): a call without it frees the graph the next derivative needs and leaves the result "
+    "without its dependence on the weights, which the constraint Jacobian differentiates. Or use the "
+    "operators of lit_constrained.physics (partial, gradient, laplacian, divergence, time_derivative, "
+    "derivatives), which need no create_graph: e.g. laplacian(lambda x: self.net(x)[:, 0], x)."
+)
+"""The fix for a derivative taken without ``create_graph=True`` (see :data:`SECOND_BACKWARD`)."""
 
 
 def add_hint(error: BaseException, hint: str) -> BaseException:
@@ -34,6 +46,8 @@ def add_hint(error: BaseException, hint: str) -> BaseException:
 def describe_batch(batch: Any, depth: int = 0) -> str:
     """What a batch is, in words: ``"a tuple of 2: Tensor (64, 1) float32, Tensor (64, 1) float32"``,
     ``"a dict with keys 'x' (Tensor (51, 2) float32), 'u' (...)"``, ``"Tensor (51, 1) float32"``."""
+    from torch import Tensor  # here: the command line imports this module before torch
+
     if isinstance(batch, Tensor):
         return f"Tensor {tuple(batch.shape)} {str(batch.dtype).removeprefix('torch.')}"
     if depth >= 2:
@@ -88,17 +102,19 @@ def _optimizer_classes() -> Iterable[type]:
 def optimizer_argument_hint(cls: type, argument: str) -> str:
     """The hint for an optimizer class given an argument it does not take: its arguments, and which
     optimizers of the package (else of torch.optim) take that argument."""
-    accepted = init_arguments(cls)
     takers = [c for c in _optimizer_classes() if c is not cls and argument in init_arguments(c)]
     package = [c for c in takers if c.__module__.startswith("lit_constrained")]
     # the hard-constrained methods first: the user of a ConstrainedModule most likely wants one of them
     shown = sorted(package, key=lambda c: "constraints" not in getattr(c, "requires", ())) or takers[:4]
-    where = (
-        f" {argument!r} is an argument of " + ", ".join(f"{c.__module__.split('.')[0]}.optim.{c.__name__}" for c in shown)
-        + f" (e.g. class_path: {shown[0].__module__.split('.')[0]}.optim.{shown[0].__name__})."
-        if shown else ""
-    )
-    return f"{cls.__name__} takes no {argument!r}; its arguments are {', '.join(accepted)}.{where}"
+    names = [f"{c.__module__.split('.')[0]}.optim.{c.__name__}" for c in shown]
+    return argument_message(cls.__name__, argument, init_arguments(cls), names)
+
+
+def argument_message(name: str, argument: str, accepted: list[str], takers: list[str]) -> str:
+    """"<name> takes no '<argument>'; its arguments are ...; '<argument>' is an argument of <takers>"."""
+    where = (f" {argument!r} is an argument of {', '.join(takers)} (e.g. class_path: {takers[0]})."
+             if takers else "")
+    return f"{name} takes no {argument!r}; its arguments are {', '.join(accepted)}.{where}"
 
 
 def unexpected_keyword(error: BaseException) -> str | None:
@@ -144,3 +160,37 @@ def not_imposed_hint(optimizer: str, penalty_weight: float) -> str:
         "a constrained optimizer of lit_constrained.optim: SQPAdam (the default), SQPHeavyBall, AdamCon, "
         "SQPMoMo or SQPMoMoAdam."
     )
+
+
+def cli_error_hint(message: str) -> str | None:
+    """The fix for a LightningCLI (jsonargparse) error ``message`` that names an argument a class does not
+    take ("Option 'num_threads' is not accepted"), or None: for a task (a ConstrainedModule subclass)
+    given one of ConstrainedModule's arguments, :func:`task_kwargs_hint`; for an optimizer,
+    :func:`optimizer_argument_hint`; for another class, its arguments."""
+    import re
+
+    found = [(cls, arg) for cls, arg in re.findall(r"class_path '([\w.]+)':\s*Option '(\w+)' is not accepted", message)]
+    found += [(cls, arg) for arg, cls in re.findall(
+        r"Option '(\w+)' is not accepted\. Got value: Namespace\(class_path='([\w.]+)'", message)]
+    hints = []
+    for class_path, argument in found:
+        try:
+            from lit_constrained.class_spec import import_class
+
+            cls = import_class(class_path)  # already imported by the parser that reported it
+        except Exception:  # noqa: BLE001  (a hint never hides the error it explains)
+            continue
+        hints.append(_class_argument_hint(cls, argument))
+    return " ".join(dict.fromkeys(hints)) or None
+
+
+def _class_argument_hint(cls: type, argument: str) -> str:
+    import torch
+
+    from lit_constrained.module import ConstrainedModule
+
+    if issubclass(cls, ConstrainedModule) and argument in init_arguments(ConstrainedModule):
+        return task_kwargs_hint(cls, argument)
+    if issubclass(cls, torch.optim.Optimizer):
+        return optimizer_argument_hint(cls, argument)
+    return argument_message(cls.__name__, argument, init_arguments(cls), [])

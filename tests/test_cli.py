@@ -156,12 +156,17 @@ def dispatched(monkeypatch):
     return calls
 
 
-def test_console_hands_each_subcommand_to_its_layer(dispatched):
+def test_console_hands_each_subcommand_to_its_layer(dispatched, tmp_path, monkeypatch):
     from lit_constrained.console import main as console
 
+    monkeypatch.chdir(tmp_path)  # the configs exist (the console checks that before handing them on)
+    for name in ("a.yaml", "b.yaml"):
+        (tmp_path / name).write_text("trainer: {max_epochs: 1}\n")
     fit_args = ["--config", "a.yaml", "--trainer.max_epochs", "3", "--model.optimizer",
-                "{class_path: torch.optim.Adam, init_args: {lr: -0.5}}", "--help", "-c", "b.yaml", "--", "x"]
+                "{class_path: torch.optim.Adam, init_args: {lr: -0.5}}", "-c", "b.yaml", "--", "x"]
     console(["fit", *fit_args])  # every argument after the subcommand reaches LightningCLI as it was
+    console(["fit", "--config", "a.yaml", "--help-all"])  # LightningCLI's own --help
+    assert dispatched.pop() == ("run_fit", ["--config", "a.yaml", "--help"], [])
     console(["--config", "all.yaml", "--print_config=comments", "validate", "--ckpt_path", "last"])
     console(["-c", "all.yaml", "--print_config", "fit"])
     with pytest.raises(SystemExit) as exit_info:

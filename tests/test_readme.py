@@ -115,6 +115,7 @@ NOT_MEASURED: dict[str, str] = {
     r"[0-9]+ x [0-9]+ px": "the screenshots' window size (a setting)",
     r"[0-9]+ \"?nodes\"? x [0-9]+ (?:GPUs|process)": "an example cluster",
     r"1000x above its lowest value": "RunHealth's divergence threshold (a setting)",
+    r"a second Ctrl\+C, [0-9]+ s or more after the first": "StopOnSignal's grace period (a setting)",
     r"about 3 x 4 m n bytes|5 x 4 n bytes|One 80 GB GPU therefore.*?about 1\.1e10": (
         "an estimate from the array sizes (4 m n bytes for a float32 J), stated as such"),
 }

@@ -21,20 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-
-SECOND_BACKWARD = "backward through the graph a second time"
-"""Part of torch's message when a ``torch.autograd.grad`` call without ``create_graph=True`` freed a
-graph that a later derivative (or the Jacobian) needs."""
-
-DERIVATIVE_FIX = (
-    "A residual with derivatives with respect to the inputs needs create_graph=True in EVERY "
-    "torch.autograd.grad call it makes (for a Laplacian: the first derivative AND each second "
-    "derivative): a call without it frees the graph the next derivative needs and leaves the result "
-    "without its dependence on the weights, which the constraint Jacobian differentiates. Or use the "
-    "operators of lit_constrained.physics (partial, gradient, laplacian, divergence, time_derivative, "
-    "derivatives), which need no create_graph: e.g. laplacian(lambda x: self.net(x)[:, 0], x)."
-)
-"""The fix for a derivative taken without ``create_graph=True`` (see :data:`SECOND_BACKWARD`)."""
+from lit_constrained.hints import DERIVATIVE_FIX, SECOND_BACKWARD  # noqa: F401  (the fix's one wording; pure Python)
 
 
 def check_lr(lr: float | None, allow_none: bool = False) -> None:

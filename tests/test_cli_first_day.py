@@ -1,0 +1,157 @@
+"""The command line on a new user's first day (issue 30): errors in one line with the fix, found before
+Lightning is imported where the config alone tells; a one-page ``fit --help``; the complete help one
+option away, wrapped at spaces only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lit_constrained import cli_fast
+from lit_constrained.console import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TASK_WITHOUT_KWARGS = '''
+import torch
+from torch.utils.data import DataLoader
+import lightning.pytorch as pl
+from lit_constrained import ConstrainedModule
+
+
+class Data(pl.LightningDataModule):
+    def train_dataloader(self):
+        t = torch.linspace(0, 1, 8).unsqueeze(-1)
+        return DataLoader([(t, t)], batch_size=None)
+
+
+class NoKwargs(ConstrainedModule):
+    def __init__(self, hidden: int = 4):
+        super().__init__()
+        self.net = torch.nn.Linear(1, 1)
+
+    def objective(self, batch):
+        t, u = batch
+        return (self.net(t) - u).pow(2).mean()
+'''
+
+CONFIG = """trainer: {max_steps: 2, logger: false, enable_checkpointing: false}
+model:
+  class_path: MODULE.NoKwargs
+  init_args: {num_threads: 1}
+data:
+  class_path: MODULE.Data
+"""
+
+
+def run_console(args: list[str], cwd: Path) -> dict:
+    """``lit-constrained <args>`` in a fresh interpreter: exit status, stderr, stdout, and whether torch
+    or Lightning had been imported when it ended."""
+    code = textwrap.dedent(f"""
+        import json, sys, io, contextlib
+        from lit_constrained.console import main
+        err, out = io.StringIO(), io.StringIO()
+        status = 0
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            try:
+                main({args!r})
+            except SystemExit as stop:
+                status = stop.code
+        print(json.dumps({{"status": status, "stderr": err.getvalue(), "stdout": out.getvalue(),
+                          "torch": "torch" in sys.modules, "lightning": "lightning" in sys.modules}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def user_dir(tmp_path: Path) -> Path:
+    (tmp_path / "nokwargs_task.py").write_text(TASK_WITHOUT_KWARGS)
+    (tmp_path / "config.yaml").write_text(CONFIG.replace("MODULE", "nokwargs_task"))
+    (tmp_path / "typo.yaml").write_text("trainer:\n  max_step: 3\n")
+    (tmp_path / "broken.yaml").write_text("trainer: [\n")
+    (tmp_path / "momentum.yaml").write_text(
+        "model:\n  class_path: lit_constrained.tasks.spring.Spring\n  init_args:\n    optimizer:\n"
+        "      class_path: lit_constrained.optim.SQPAdam\n      init_args: {lr: 1.0e-3, momentum: 0.9}\n")
+    return tmp_path
+
+
+def test_config_errors_are_one_line_before_torch_is_imported(user_dir: Path) -> None:
+    cases = {
+        ("fit", "--config", "missing.yaml"): "--config missing.yaml: no such file",
+        ("fit", "--config", "typo.yaml"): "'max_step' is not a Trainer argument (did you mean max_steps?)",
+        ("fit", "--config", "broken.yaml", "--trainer.max_epochs", "2"): "--config broken.yaml: not valid YAML at line 2",
+        ("validate", "--trainer.max_epoch", "3"): "'max_epoch' is not a Trainer argument (did you mean max_epochs?)",
+        ("fit", "--config", "config.yaml"): ("NoKwargs.__init__ does not accept 'num_threads', an argument of "
+                                              "ConstrainedModule"),
+        ("fit", "--config", "momentum.yaml"): "SQPAdam takes no 'momentum'",
+    }
+    for args, expected in cases.items():
+        result = run_console(list(args), user_dir)
+        assert result["status"] == 2 and expected in result["stderr"], (args, result["stderr"])
+        assert len(result["stderr"].strip().splitlines()) == 1 and "usage:" not in result["stderr"], args
+        assert not result["torch"] and not result["lightning"], args  # answered before the slow imports
+    kwargs = run_console(["fit", "--config", "config.yaml"], user_dir)["stderr"]
+    assert "must accept **kwargs and pass them on: def __init__(self, ..., **kwargs): super().__init__(**kwargs)" in kwargs
+    momentum = run_console(["fit", "--config", "momentum.yaml"], user_dir)["stderr"]
+    assert "its arguments are lr, betas, eps, rho" in momentum and "lit_constrained.optim.SQPHeavyBall" in momentum
+
+
+def test_fit_help_is_one_page_with_the_optimizers_arguments_one_command_away(user_dir: Path) -> None:
+    result = run_console(["fit", "--help"], user_dir)
+    lines = result["stdout"].splitlines()
+    assert result["status"] == 0 and len(lines) <= 40 and not result["lightning"]
+    text = result["stdout"]
+    assert "lit-constrained fit --help-all" in text and "--model.optimizer.help SQPAdam" in text
+    assert "--trainer.NAME VALUE" in text and "--ckpt_path PATH" in text
+
+
+def test_help_all_is_lightnings_complete_help_wrapped_at_spaces(capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--help-all"])
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) > 300 and "--trainer.max_epochs" in text and "--trainer.gradient_clip_val" in text
+    words = text.split()
+    # no identifier cut at the column (argparse's default wrapping made "lit_const rained.callbacks...")
+    assert all(w.lstrip("(").startswith("lit_constrained") for w in words if "lit_con" in w and not w.startswith("-"))
+    assert "rained.callbacks" not in text.replace("lit_constrained.callbacks", "")
+
+
+def test_an_error_only_lightningcli_finds_has_no_usage_dump_and_names_the_fix(tmp_path: Path, monkeypatch,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    # a task inside a package the fast check does not read: the error comes from LightningCLI's parser
+    package = tmp_path / "first_day_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tasks.py").write_text(TASK_WITHOUT_KWARGS)
+    (tmp_path / "config.yaml").write_text(CONFIG.replace("MODULE", "first_day_pkg.tasks"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", "config.yaml"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" not in err and "Option 'num_threads' is not accepted" in err
+    assert "fix: NoKwargs.__init__ does not accept 'num_threads'" in err and "(the options: lit-constrained fit --help)" in err
+    sys.modules.pop("first_day_pkg.tasks", None)
+    sys.modules.pop("first_day_pkg", None)
+
+
+def test_the_shipped_configs_and_valid_options_pass_the_early_checks() -> None:
+    configs = sorted((ROOT / "configs").rglob("*.yaml"))
+    assert len(configs) > 20
+    for config in configs:
+        for subcommand in ("fit", "validate", "test"):
+            cli_fast.preflight(subcommand, ["--config", str(config), "--trainer.max_epochs", "2",
+                                            "--model.init_args.optimizer.init_args.lr", "1e-4", "--ckpt_path", "last",
+                                            "--trainer.callbacks+=lit_constrained.callbacks.StepSizeMonitor",
+                                            "--seed_everything", "1", "--print_config"])
