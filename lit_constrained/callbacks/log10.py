@@ -118,7 +118,10 @@ class Log10Headlines(Callback):
         self._grid: list[int] | None = None
         self._wrapped: list[tuple[Any, Callable[..., Any], dict[str, _Series]]] = []  # logger, its method, its series
 
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # not on_fit_start: estimated_stepping_batches builds the training loader, and built before
+        # Lightning restores a checkpoint's loop state the loader's saved position is never loaded (a
+        # DDP mini-batch resume then repeats the epoch's first batches; tests/test_ddp_cli.py)
         from lightning.pytorch.loggers import TensorBoardLogger
 
         total = trainer.estimated_stepping_batches  # the fit's optimizer steps (inf: unbounded)
