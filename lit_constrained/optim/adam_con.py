@@ -56,12 +56,8 @@ class AdamCon(ConstrainedOptimizer):
         max_normal_step: the normal-step safeguard (``"adaptive"``, the default; a cap relative to ||x||;
             or ``None``). Shared.
         precision: ``"native"`` or ``"float64"`` (the reference). Shared.
-        constraint_tol, max_corrections: feasibility held to a tolerance. After the step, at most
-            ``max_corrections`` (default 3) Gauss-Newton corrections with the step's own factorization
-            while max |c| > ``constraint_tol`` * max(max |c_1|, 1) (default 1e-6), when ``step`` is given
-            a ``constraint_closure`` (the package's training step gives one); 0 is the papers' method.
-            Not in the papers (see :meth:`~lit_constrained.optim.constrained.ConstrainedOptimizer._correct`).
-            Shared.
+        constraint_tol, max_corrections: the post-step corrections (not in the papers; 0 corrections is
+            the papers' method): :meth:`~lit_constrained.optim.constrained.ConstrainedOptimizer._correct`. Shared.
     """
 
     def __init__(

@@ -126,6 +126,25 @@ def _stacked(parts: list[Tensor], u: Tensor, axis: int = 1) -> Tensor:
     return parts[0] if u.dim() == 1 else torch.stack(parts, dim=axis)
 
 
+def _by_autograd(u_fn: Field, x: Tensor, rule: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """The autograd path's scaffold: ``rule(component, z)`` for each component (N,) of the field at the
+    tracked points z, stacked back in the field's shape."""
+    with torch.enable_grad():
+        z = _tracked(x)
+        u = _field_values(u_fn, z)
+        return _stacked([rule(component, z) for component in _components(u)], u)
+
+
+def _second_derivatives(grad: Tensor, z: Tensor) -> Tensor:
+    """(N, d, d): the derivatives of a component's gradient (N, d) w.r.t. the tracked points z."""
+    return torch.stack([_d(grad[:, i], z) for i in range(z.shape[1])], dim=1)
+
+
+def _hessian_of(component: Tensor, z: Tensor) -> Tensor:
+    """(N, d, d): the second derivatives of one component (N,) w.r.t. the tracked points z."""
+    return _second_derivatives(_d(component, z), z)
+
+
 def _field_values(u_fn: Field, z: Tensor) -> Tensor:
     u = u_fn(z)
     if not isinstance(u, Tensor) or u.dim() not in (1, 2) or u.shape[0] != z.shape[0]:
@@ -195,15 +214,12 @@ def partial(
     dim = _check_points(x)
     indices = _wrt_indices(wrt, order, dim, names)
     if not _inside_transform():
-        with torch.enable_grad():
-            z = _tracked(x)
-            u = _field_values(u_fn, z)
-            parts = []
-            for derivative in _components(u):
-                for index in indices:
-                    derivative = _d(derivative, z)[:, index]
-                parts.append(derivative)
-            return _stacked(parts, u)
+        def successive(derivative: Tensor, z: Tensor) -> Tensor:
+            for index in indices:
+                derivative = _d(derivative, z)[:, index]
+            return derivative
+
+        return _by_autograd(u_fn, x, successive)
     fn = _at_one_point(u_fn)
     for index in indices:
         fn = _directional(fn, _unit(index, x))
@@ -221,25 +237,15 @@ def gradient(u_fn: Field, x: Tensor) -> Tensor:
     r""":math:`\nabla u` at the points ``x`` (N, d): shape (N, d), or (N, k, d) for k components."""
     _check_points(x)
     if not _inside_transform():
-        with torch.enable_grad():
-            z = _tracked(x)
-            u = _field_values(u_fn, z)
-            return _stacked([_d(component, z) for component in _components(u)], u)
+        return _by_autograd(u_fn, x, _d)
     return vmap(jacrev(_at_one_point(u_fn)))(x)
 
 
 def hessian(u_fn: Field, x: Tensor) -> Tensor:
     r"""The Hessian :math:`\partial_{ij} u` at the points ``x`` (N, d): shape (N, d, d) or (N, k, d, d)."""
-    dim = _check_points(x)
+    _check_points(x)
     if not _inside_transform():
-        with torch.enable_grad():
-            z = _tracked(x)
-            u = _field_values(u_fn, z)
-            parts = []
-            for component in _components(u):
-                grad = _d(component, z)
-                parts.append(torch.stack([_d(grad[:, i], z) for i in range(dim)], dim=1))
-            return _stacked(parts, u)
+        return _by_autograd(u_fn, x, _hessian_of)
     return vmap(jacfwd(jacrev(_at_one_point(u_fn))))(x)
 
 
@@ -263,14 +269,11 @@ def laplacian(
     dim = _check_points(x)
     axes = _dims(dims, dim, names)
     if not _inside_transform():
-        with torch.enable_grad():
-            z = _tracked(x)
-            u = _field_values(u_fn, z)
-            parts = []
-            for component in _components(u):
-                grad = _d(component, z)
-                parts.append(sum(_d(grad[:, i], z)[:, i] for i in axes))
-            return _stacked(parts, u)
+        def trace(component: Tensor, z: Tensor) -> Tensor:
+            grad = _d(component, z)
+            return sum(_d(grad[:, i], z)[:, i] for i in axes)
+
+        return _by_autograd(u_fn, x, trace)
     fn = _at_one_point(u_fn)
     terms = [_directional(_directional(fn, _unit(i, x)), _unit(i, x)) for i in axes]
     return vmap(lambda z: sum(term(z) for term in terms))(x)
@@ -380,7 +383,7 @@ def derivatives(u_fn: Field, x: Tensor, order: int = 2, names: Sequence[str] | N
             grad = _stacked(grads, u)
             if order == 1:
                 return FieldDerivatives(u, grad, None, known)
-            seconds = [torch.stack([_d(g[:, i], z) for i in range(dim)], dim=1) for g in grads]
+            seconds = [_second_derivatives(g, z) for g in grads]
             return FieldDerivatives(u, grad, _stacked(seconds, u), known)
     fn = _at_one_point(u_fn)
 
