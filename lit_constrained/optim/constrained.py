@@ -49,7 +49,7 @@ linearization is good: the radius doubles on every capped step that achieves the
 the current ||x_k|| (and up to 1e4 of it) let the weights grow geometrically on an ill-conditioned J: on
 the Poisson task with 200 imposed points (n = 501, cond(J J^T) ~1e14) the normal steps grew to 490 by
 step 51, the network saturated (the rank of J fell from 62 to 18) and the run ended at rel. L2 177; with
-the fixed scale it trains (the measurement in docs/results.md). Everything is computed with
+the fixed scale it trains (docs/scale.md, section 5). Everything is computed with
 tensors (:math:`\|J^+ c\|^2 = c^T G^+ c` costs no pass over J): no host sync.
 
 Hyperparameters follow torch.optim's conventions: every one is in ``defaults`` and hence in each param
