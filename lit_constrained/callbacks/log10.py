@@ -82,7 +82,7 @@ def next_grid_step(step: int) -> int:
 
 
 def log_spaced_steps(last_step: int, count: int = GRID_POINTS) -> list[int]:
-    """0 and ``count`` steps spaced evenly in log(step) from 1 to ``last_step``, rounded (repeats
+    r"""0 and ``count`` steps spaced evenly in log(step) from 1 to ``last_step``, rounded (repeats
     dropped): :math:`s_i = \operatorname{round}(\text{last}^{i / (\text{count} - 1)})`."""
     if last_step < 1:
         return [0]

@@ -95,7 +95,7 @@ RESIDUAL_BLOCK = 256
 """Columns per float32 product block of :func:`blocked_matvec` (partials summed in float64)."""
 
 SCALED_RESIDUAL_BLOCK = 64
-"""The block of the scaled residuals :math:`J (d \odot v)` (Adam(con)): the scaling spreads the products'
+r"""The block of the scaled residuals :math:`J (d \odot v)` (Adam(con)): the scaling spreads the products'
 magnitudes (H^{-1/2} spans ~1e3 for a random gradient), which the estimate of :func:`residual_error`
 does not see. At n = 1e5, m = 10, cond(J) = 1e2 (J from an SVD, 18 instances) Adam(con)'s
 ||J d + c|| / ||c|| was at most 9.2e-7 with 256-column blocks, 6.3e-7 with 128 and 4.5e-7 with 64;
@@ -580,7 +580,7 @@ def host_refinement_code(condition: float, n: int, dtype: torch.dtype, m: int) -
 
 
 def refinement_plan(factor: GramFactor, n: int, dtype: torch.dtype) -> Tensor:
-    """The refinement to apply, as a 0-dim int64 tensor (read with one host sync by the caller):
+    r"""The refinement to apply, as a 0-dim int64 tensor (read with one host sync by the caller):
     ``k >= 0`` refinement steps with the Gram of :func:`gram`, or ``-1``: recompute the Gram with
     :func:`exact_gram` first (then :func:`exact_refinements` steps).
 
@@ -639,7 +639,7 @@ def _contraction(kappa: Tensor | float, gram_eps: float, eps: float) -> Tensor |
 
 
 def exact_refinements(factor: GramFactor, dtype: torch.dtype) -> int:
-    """Refinement steps with the exact Gram (a host-side decision, on that rare path only): the fewest
+    r"""Refinement steps with the exact Gram (a host-side decision, on that rare path only): the fewest
     k with :math:`r^{k+1} \le` ``TARGET_ERROR`` for :math:`r = \max(\kappa\epsilon_{64}, \epsilon\sqrt\kappa)`,
     at least one (the cancellation in :math:`J^T z`), at most 4."""
     kappa = float(factor.condition)
