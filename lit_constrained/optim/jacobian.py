@@ -176,15 +176,16 @@ def constraint_units(sample: Tensor, node: Tensor, mode: GroupingMode = "auto") 
     return distinct, table, inverse, slot
 
 
-def _parameter_names(module: nn.Module, params: Sequence[Tensor]) -> list[str]:
-    """The names of ``params`` in ``module`` (a clear error for one that is not the module's)."""
+_PER_SAMPLE_HINT = "the per-sample Jacobian needs the module's own parameters (or set vmap_jacobian=False)."
+
+
+def _parameter_names(module: nn.Module, params: Sequence[Tensor], hint: str = _PER_SAMPLE_HINT) -> list[str]:
+    """The names of ``params`` in ``module``; a parameter that is not the module's is an error naming
+    its index, followed by ``hint`` (what the caller's Jacobian needs)."""
     names = {id(p): name for name, p in module.named_parameters()}
     missing = [i for i, p in enumerate(params) if id(p) not in names]
     if missing:
-        raise ValueError(
-            f"params {missing} are not parameters of {type(module).__name__}; the per-sample Jacobian "
-            "needs the module's own parameters (or set vmap_jacobian=False)."
-        )
+        raise ValueError(f"params {missing} are not parameters of {type(module).__name__}; {hint}")
     return [names[id(p)] for p in params]
 
 

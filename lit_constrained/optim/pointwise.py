@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
 from .flat import block_sizes, numel_real, real_view
-from .jacobian import _row_range, constraint_jacobian
+from .jacobian import _parameter_names, _row_range, constraint_jacobian
 
 __all__ = ["PointwiseJacobian", "PointwisePath", "chunk_points", "pointwise_jacobian"]
 
@@ -92,16 +92,10 @@ class _Reparametrized(nn.Module):
 
 
 def _param_keys(module: nn.Module, params: Sequence[Tensor]) -> list[str]:
-    """``"module.<name>"`` of each parameter in ``module`` (a clear error for a foreign one)."""
-    names = {id(p): name for name, p in module.named_parameters()}
-    foreign = [i for i, p in enumerate(params) if id(p) not in names]
-    if foreign:
-        raise ValueError(
-            f"params {foreign} are not parameters of {type(module).__name__}: the per-point Jacobian evaluates "
-            "the residuals with the module's own parameters swapped (functional_call); pass the module that "
-            "owns them."
-        )
-    return [f"module.{names[id(p)]}" for p in params]
+    """``"module.<name>"`` of each parameter in ``module`` (the keys of :class:`_Reparametrized`)."""
+    hint = ("the per-point Jacobian evaluates the residuals with the module's own parameters swapped "
+            "(functional_call); pass the module that owns them.")
+    return [f"module.{name}" for name in _parameter_names(module, params, hint)]
 
 
 def _func_rows(
