@@ -141,17 +141,16 @@ def _same_on_every_rank(ranks_c: Tensor) -> Tensor:
     return ~(gap > tol * (1.0 + reference.abs().amax()))
 
 
-_ACCEPTS_ROWS: dict[type, bool] = {}
-_ACCEPTS_CLOSURE: dict[type, bool] = {}
+_ACCEPTS: dict[tuple[type, str, str], bool] = {}
 
 
-def _accepts_constraint_closure(optimizer: Optimizer) -> bool:
-    """Whether ``optimizer.step`` takes a ``constraint_closure`` (the post-step corrections of the
-    package's projected methods); cached per class."""
-    kind = type(optimizer)
-    if kind not in _ACCEPTS_CLOSURE:
-        _ACCEPTS_CLOSURE[kind] = "constraint_closure" in inspect.signature(optimizer.step).parameters
-    return _ACCEPTS_CLOSURE[kind]
+def _accepts(owner: Any, method: str, argument: str) -> bool:
+    """Whether ``owner.<method>`` takes ``argument`` (cached per class: an override written before the
+    argument existed does not)."""
+    key = (type(owner), method, argument)
+    if key not in _ACCEPTS:
+        _ACCEPTS[key] = argument in inspect.signature(getattr(owner, method)).parameters
+    return _ACCEPTS[key]
 
 
 def _jacobian_rows(task: ConstrainedTask, batch: Any, c: Tensor, params: list[Tensor], rows: slice) -> Tensor:
@@ -161,10 +160,7 @@ def _jacobian_rows(task: ConstrainedTask, batch: Any, c: Tensor, params: list[Te
     called for the whole J, which is then sliced (correct, but every rank repeats all m rows)."""
     if rows == slice(0, c.numel()):
         return task.constraint_jacobian(batch, c, params)
-    kind = type(task)
-    if kind not in _ACCEPTS_ROWS:
-        _ACCEPTS_ROWS[kind] = "rows" in inspect.signature(task.constraint_jacobian).parameters
-    if _ACCEPTS_ROWS[kind]:
+    if _accepts(task, "constraint_jacobian", "rows"):
         return task.constraint_jacobian(batch, c, params, rows=rows)
     return task.constraint_jacobian(batch, c, params)[rows]
 
@@ -300,7 +296,7 @@ class TrainingStepper:
         if isinstance(getattr(optimizer, "diagnostics", None), dict):
             # the package's optimizers compute their diagnostics only on the steps asked for
             kwargs["diagnostics"] = bool(services.diagnostics)
-        if c is not None and c.numel() and _accepts_constraint_closure(optimizer):
+        if c is not None and c.numel() and _accepts(optimizer, "step", "constraint_closure"):
             kwargs["constraint_closure"] = self._constraint_closure(task, batch, services)
         services.optimizer_step(closure=lambda: loss_mean, **kwargs)
         return StepResult(loss_mean, c_mean)
