@@ -99,6 +99,7 @@ from .checks import check_finite, check_lr, check_positive, check_shared_keys, p
 from .flat import block_sizes, group_params, real_view
 from .nullspace import (
     DEFAULT_RCOND,
+    EIGH_MAX_SIZE,
     RESIDUAL_FLAG,
     GramFactor,
     NullSpace,
@@ -142,11 +143,15 @@ a number (a fixed cap relative to ||x||) or ``None`` (no cap)."""
 
 
 def _with_host_blas_threads(step: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``step`` with NumPy/SciPy's BLAS held to torch's thread count (the host path's m x m algebra;
-    :mod:`~lit_constrained.optim.blas_threads`)."""
+    """Run ``step`` with NumPy/SciPy's BLAS held to torch's thread count where its m x m algebra is
+    BLAS-sized: CPU constraints with m > ``EIGH_MAX_SIZE`` (the pivoted Cholesky path;
+    :mod:`~lit_constrained.optim.blas_threads`). Smaller m and device tensors skip the ~15 us limit."""
 
     @functools.wraps(step)
     def limited(*args: Any, **kwargs: Any) -> Any:
+        c = kwargs.get("constraints")
+        if c is None or c.device.type != "cpu" or c.numel() <= EIGH_MAX_SIZE:
+            return step(*args, **kwargs)
         with host_blas_threads():
             return step(*args, **kwargs)
 
