@@ -4,27 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from .checks import check_betas, check_positive
-from .constrained import (
-    DEFAULT_LR,
+from .constrained import ConstrainedOptimizer, ParamsT, Projection
+from .gram_factor import GramFactor
+from .hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,
+    DEFAULT_LR,
     DEFAULT_MAX_CORRECTIONS,
     DEFAULT_MAX_NORMAL_STEP,
+    DEFAULT_RCOND,
     DEFAULT_RHO,
-    ConstrainedOptimizer,
     MaxNormalStep,
-    ParamsT,
     Precision,
-    Projection,
     Rho,
+    document_projection_args,
 )
-from .nullspace import DEFAULT_RCOND, GramFactor, merged_step, to_device
+from .nullspace import merged_step
+from .projection import NormalDirection
 
 
+@document_projection_args
 class AdamCon(ConstrainedOptimizer):
     r"""Adam(con): Adam moments of the RAW gradient, then a KKT system with the Adam scaling as Hessian.
 
@@ -51,13 +53,8 @@ class AdamCon(ConstrainedOptimizer):
         lr: step size.
         betas: Adam's :math:`(\beta_1, \beta_2)`, per group.
         eps: added inside the square root of H, per group.
-        rho: normal-component scale (1.0 is the published method) or ``"full"`` (the default). Shared.
-        rcond: relative singular-value cutoff defining the numerical rank of :math:`\hat J`. Shared.
-        max_normal_step: the normal-step safeguard (``"adaptive"``, the default; a cap relative to ||x||;
-            or ``None``). Shared.
-        precision: ``"native"`` or ``"float64"`` (the reference). Shared.
-        constraint_tol, max_corrections: the post-step corrections (not in the papers; 0 corrections is
-            the papers' method): :meth:`~lit_constrained.optim.constrained.ConstrainedOptimizer._correct`. Shared.
+{projection_args}
+    (``rho=1.0`` is the published method; ``rcond`` cuts the singular values of :math:`\hat J`.)
     """
 
     def __init__(
@@ -119,59 +116,41 @@ class AdamCon(ConstrainedOptimizer):
                 w[block].mul_(scale)
         # the Gram of J~ = J H^{-1/2} (never formed; NaN/inf in g or J shows in it) and J~ w from its pass
         factor, finite, Jw = self._scaled_factorize(jacobian, inv_sqrt_h, w)
-        return Projection(jacobian, factor, finite, {"direction": w, "direction_product": Jw, "c": c},
-                          tangent_scale=tangent_scale, scaling=inv_sqrt_h)
+        return Projection(jacobian, factor, finite, c, scaling=inv_sqrt_h, tangent_scale=tangent_scale,
+                          direction=w, direction_product=Jw)
 
     def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
                  diagnostics: dict[str, Tensor] | None) -> Tensor:
         for key in ("exp_avg", "exp_avg_sq"):  # commit the new moments (swap with the spare buffers)
             state[key], self._buffers[key + "_next"] = self._buffers[key + "_next"], state[key]
-        w = projection.extras["direction"]
         if diagnostics is not None and projection.jacobian.shape[0]:  # y of the KKT system
-            Jw = projection.tangent_scale * projection.extras["direction_product"]
-            diagnostics["multiplier_norm"] = projection.factor.solve(projection.extras["c"] + Jw).norm()
-        return w
+            Jw = projection.tangent_scale * projection.direction_product
+            diagnostics["multiplier_norm"] = projection.factor.solve(projection.constraints + Jw).norm()
+        return projection.direction
 
     def _to_x(self, projection: Projection, step: Tensor) -> Tensor:
         return step.mul_(projection.scaling)  # d = H^{-1/2} z
 
-    def _normal_norm(self, projection: Projection, c: Tensor) -> Tensor:
-        """||H^{-1/2} J~^+ c||: a pass over J (the scaling breaks the free identity of the SQP methods).
-        The direction -J~^+ c is kept for the step itself (``extras["normal_direction"]``), and when the
-        groups share one lr (``projection.step_scale`` = a) the same pass forms the tangential part,
-        :math:`-\tilde J^T \tilde G^+ (a \tilde J w)` (``extras["tangent_direction"]``): one product
-        :math:`H^{-1/2} (Y^T J)^T` with two columns in Y costs one read of J, like one of them."""
-        return self._scaled_normal(projection, c).norm().to(torch.float64)
-
-    def _normal_norm_host(self, projection: Projection, c: np.ndarray) -> float:
-        """``_normal_norm`` on the host path (c a float64 NumPy array; the m x m solves in NumPy)."""
-        return float(self._scaled_normal(projection, c).norm().numpy())
-
-    def _scaled_normal(self, projection: Projection, c: Tensor | np.ndarray) -> Tensor:
-        """H^{-1/2} J~^+ c into a workspace, and the directions it needs into ``projection.extras``; the
-        m x m solve in NumPy when c is a NumPy array (the host path), else in torch."""
+    def _normal_direction(self, projection: Projection, c: Tensor, step_scale: float | None) -> NormalDirection:
+        r"""||H^{-1/2} J~^+ c||: a pass over J (the scaling breaks the free identity of the SQP methods).
+        The direction -J~^+ c is kept for the step itself, and when the groups share one lr (``step_scale``
+        = a) the same pass forms the tangential part :math:`-\tilde J^T \tilde G^+ (a \tilde J w)`: one
+        product :math:`H^{-1/2} (Y^T J)^T` with two columns in Y costs one read of J, like one of them."""
         J, factor = projection.jacobian, projection.factor
         n, dtype = J.shape[1], J.dtype
-        scaling = self._scaling(projection)
-        d, scratch = scaling
-        a = projection.step_scale
-        if a is None:
+        d, scratch = self._scaling(projection)
+        tangent = None
+        if step_scale is None:
             direction = self._buffer("normal_direction", (n,), dtype, J.device)
-            merged_step(J, factor, None, 0.0, c, 0, direction, scaling=scaling)
+            merged_step(J, factor, None, 0.0, c, 0, direction, scaling=(d, scratch))
         else:
-            Jw = projection.extras["direction_product"]  # J~ w, from the Gram's pass
-            if isinstance(c, np.ndarray):
-                rhs = np.stack([c, a * Jw.numpy()], axis=1)
-                coefficients = to_device(-factor.host.solve(rhs).T, J)
-            else:
-                rhs = torch.stack([c, a * Jw], dim=1)
-                coefficients = factor.solve(rhs).T.neg().to(dtype)
+            rhs = torch.stack([c, step_scale * projection.direction_product], dim=1)
+            coefficients = factor.solve(rhs).T.neg().to(dtype)
             directions = self._buffer("directions", (2, n), dtype, J.device)
             torch.mm(coefficients, J, out=directions).mul_(d)  # -J~^T G~^+ [c, a J~ w] = -d (J^T ...)
-            direction = directions[0]
-            projection.extras["tangent_direction"] = directions[1]
-        projection.extras["normal_direction"] = direction
-        return torch.mul(direction, d, out=scratch)
+            direction, tangent = directions[0], directions[1]
+        norm = torch.mul(direction, d, out=scratch).norm().to(torch.float64)
+        return NormalDirection(norm, direction, tangent)
 
     def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
         return self._factorize(jacobian)[0]  # the rank of J itself (diagnostic steps only)

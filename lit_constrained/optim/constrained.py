@@ -25,32 +25,18 @@ still pull max |c| down to ``constraint_tol``: the weights move onto the constra
 projection). Only a numeric rho with ``max_corrections=0`` leaves them unchanged at lr = 0 (the fit
 warns: :class:`~lit_constrained.callbacks.health.RunHealth`).
 
-**The normal-step safeguard** (``max_normal_step``). Far from feasibility the linearization can be
-poor and a full normal step huge (a Darcy FNO's first full normal step has norm ~730). A number caps
-:math:`\|\Delta x_{normal}\| \le \text{max\_normal\_step}\,\|x\|` (any rho); ``None`` disables the cap;
-``"adaptive"`` (the default, :data:`DEFAULT_MAX_NORMAL_STEP`) is a trust radius on the full normal step
-(active with ``rho="full"`` only: a numeric rho is the papers' method, whose normal step the small
-:math:`\alpha\rho` already damps). The radius :math:`\Delta_k` bounds
-:math:`\|\Delta x_{normal}\| \le \Delta_k \max(\|x_1\|, 1)` (:math:`x_1` the parameters at the first step:
-a fixed scale; :math:`\Delta_k \le 1`, a normal step at most the initial weights' norm) and is adapted
-from the ratio of the actual to
-the linearized decrease of the violation on the capped steps,
+**The normal-step safeguard** (``max_normal_step``, :mod:`~lit_constrained.optim.safeguard`). Far from
+feasibility the linearization can be poor and a full normal step huge (a Darcy FNO's first full normal
+step has norm ~730): ``"adaptive"`` (the default) is a trust radius on the full normal step, a number a
+fixed cap relative to ||x||, ``None`` no cap.
 
-.. math::
-    r_k = \frac{\|c_k\| - \|c_{k+1}\|}{\|c_k\| - \|c_k + J_k \Delta x_k\|}, \qquad
-    \Delta_{k+1} = \begin{cases} \max(\Delta_k / 2, \Delta_{\min}) & r_k < 1/4 \\ 2 \Delta_k & r_k > 3/4 \\
-    \Delta_k & \text{else} \end{cases}
-
-(:data:`ADAPTIVE_NORMAL_STEP`): the standard trust-region test, applied only where the normal step was
-large enough to be capped. Uncapped steps (near feasibility the normal step is tiny) leave the radius
-alone, so the tangential steps' own curvature cannot shrink it, and no step is ever slowed where the
-linearization is good: the radius doubles on every capped step that achieves the predicted decrease
-(from the initial 0.02, the cap Darcy needed, to the largest, 1, in six steps). A radius relative to
-the current ||x_k|| (and up to 1e4 of it) let the weights grow geometrically on an ill-conditioned J: on
-the Poisson task with 200 imposed points (n = 501, cond(J J^T) ~1e14) the normal steps grew to 490 by
-step 51, the network saturated (the rank of J fell from 62 to 18) and the run ended at rel. L2 177; with
-the fixed scale it trains (docs/scale.md, section 5). Everything is computed with
-tensors (:math:`\|J^+ c\|^2 = c^T G^+ c` costs no pass over J): no host sync.
+**The kernel.** A subclass supplies its hyperparameters, its state and its tangential direction
+(``_prepare``: factorize and flag non-finite inputs; ``_tangent``: update the state, return w; ``_to_x``
+and ``_normal_direction`` for a scaled projection Jacobian); this class owns the flat layout
+(:class:`~lit_constrained.optim.flat.FlatLayout`), the checks, the one host read (finiteness and the
+refinement plan), the composition (:mod:`~lit_constrained.optim.projection`), the post-step corrections
+(:mod:`~lit_constrained.optim.corrections`) and the diagnostics (:mod:`~lit_constrained.optim.step_diagnostics`).
+An optimizer whose step is not of the merged form overrides ``_compose`` (SQP-MoMo) and keeps the rest.
 
 Hyperparameters follow torch.optim's conventions: every one is in ``defaults`` and hence in each param
 group (``repr``, ``state_dict``/``load_state_dict`` and schedulers see them). ``rho``, ``rcond``,
@@ -70,12 +56,6 @@ Step diagnostics (rank, norms, violation, ...) are computed only when asked,
 ``step(..., diagnostics=True)``, into the plain attribute ``optimizer.diagnostics`` (0-dim tensors: no
 host sync to produce them); ``optimizer.state`` holds only what resuming needs. A step with
 ``diagnostics=False`` reads one value on the host (the finiteness flag and the refinement plan together).
-
-**CPU tensors** (``host_algebra``, on by default): there is no device to wait for, so the m x m algebra
-and the scalar rules (finiteness flags, refinement plan, safeguard) run on NumPy/Python floats, the same
-float64 formulas with far fewer torch dispatches (:mod:`~lit_constrained.optim.nullspace`, "the host
-path"); the n-sized work is the same torch ops either way. On a GPU (or with ``host_algebra = False``)
-everything stays on the device, sync-free.
 """
 
 from __future__ import annotations
@@ -84,10 +64,9 @@ import functools
 import math
 import warnings
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Union
+from dataclasses import dataclass
+from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
@@ -96,55 +75,52 @@ from torch.optim.optimizer import ParamsT
 from .autocast import outside_autocast
 from .blas_threads import host_blas_threads
 from .checks import check_finite, check_lr, check_positive, check_shared_keys, prepared_constraint_inputs
-from .flat import block_sizes, group_params, real_view
-from .nullspace import (
+from .corrections import hold_feasibility, max_violation
+from .flat import FlatLayout, group_blocks, group_params
+from .gram_factor import EIGH_MAX_SIZE, GramFactor
+from .hyperparameters import (
+    DEFAULT_CONSTRAINT_TOL,
+    DEFAULT_LR,
+    DEFAULT_MAX_CORRECTIONS,
+    DEFAULT_MAX_NORMAL_STEP,
     DEFAULT_RCOND,
-    EIGH_MAX_SIZE,
-    RESIDUAL_FLAG,
-    GramFactor,
-    NullSpace,
+    DEFAULT_RHO,
+    PROJECTION_DEFAULTS,
+    SHARED_KEYS,
+    STATE_KEY,
+    MaxNormalStep,
+    Precision,
+    Rho,
+    check_max_corrections,
+    check_max_normal_step,
+    check_precision,
+    check_rho,
+)
+from .nullspace import (
+    RefinementPlan,
     Scaling,
     chunk_columns,
     exact_gram,
-    exact_matvec,
     exact_refinements,
     gram_partials_shape,
-    host_norm,
-    host_refinement_code,
-    merged_step,
-    refine_,
-    refinement_code,
+    refinement_counts,
     scaled_gram,
     scaled_scratch_shape,
 )
+from .projection import NormalDirection, Projection, Projector, mixed_lr_step
+from .safeguard import ADAPTIVE_NORMAL_STEP, normal_step_scale
+from .step_diagnostics import record_step
 
-Rho = Union[float, Literal["full"]]
-MaxNormalStep = Union[float, None, Literal["adaptive"]]
-Precision = Literal["native", "float64"]
-
-DEFAULT_LR = 1e-3
-DEFAULT_RHO: Rho = "full"
-DEFAULT_CONSTRAINT_TOL = 1e-6
-"""The default of ``constraint_tol``: the post-step corrections stop once
-max |c| <= constraint_tol * max(max |c_1|, 1) (c_1: the constraints at the first step)."""
-DEFAULT_MAX_CORRECTIONS = 3
-"""The default of ``max_corrections`` (0 switches the post-step corrections off: the papers' methods)."""
-BACKTRACK_ABOVE_TOL = 10.0
-BACKTRACK_GROWTH = 2.0
-MAX_BACKTRACKS = 3
-"""Step acceptance of the corrections (see ``ConstrainedOptimizer._correct``): a step whose corrected max |c|
-exceeds max(10 tol, 2 max |c_k|) is halved, at most 3 times (to 1/8 of the step)."""
-CORRECTION_STALL = 0.5
-"""The corrections stop when one leaves max |c| above this fraction of the previous max |c| (the
-rounding floor of the residual is reached: more corrections would only cost forwards)."""
-DEFAULT_MAX_NORMAL_STEP: MaxNormalStep = "adaptive"
-"""The default of ``max_normal_step``: ``"adaptive"`` (the trust radius of :data:`ADAPTIVE_NORMAL_STEP`),
-a number (a fixed cap relative to ||x||) or ``None`` (no cap)."""
+__all__ = [
+    "ADAPTIVE_NORMAL_STEP", "DEFAULT_CONSTRAINT_TOL", "DEFAULT_LR", "DEFAULT_MAX_CORRECTIONS",
+    "DEFAULT_MAX_NORMAL_STEP", "DEFAULT_RHO", "ConstrainedOptimizer", "MaxNormalStep", "ParamsT", "Precision",
+    "Projection", "Rho", "StepInputs",
+]
 
 
 def _with_host_blas_threads(step: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``step`` with NumPy/SciPy's BLAS held to torch's thread count where its m x m algebra is
-    BLAS-sized: CPU constraints with m > ``EIGH_MAX_SIZE`` (the pivoted Cholesky path;
+    BLAS-sized: CPU constraints with m > ``EIGH_MAX_SIZE`` (the pivoted Cholesky factor;
     :mod:`~lit_constrained.optim.blas_threads`). Smaller m and device tensors skip the ~15 us limit."""
 
     @functools.wraps(step)
@@ -158,140 +134,55 @@ def _with_host_blas_threads(step: Callable[..., Any]) -> Callable[..., Any]:
     return limited
 
 
-@dataclass(frozen=True)
-class AdaptiveNormalStep:
-    """Constants of the adaptive normal-step radius (relative to max(||x_1||, 1), x_1 the first step's
-    parameters)."""
+@dataclass
+class StepInputs:
+    """One step's inputs in the flat layout: g, c (float64), J (working dtype), the state, the loss."""
 
-    initial: float = 0.02
-    smallest: float = 1e-3
-    largest: float = 1.0
-    shrink_below: float = 0.25
-    grow_above: float = 0.75
-    shrink: float = 0.5
-    grow: float = 2.0
-
-
-ADAPTIVE_NORMAL_STEP = AdaptiveNormalStep()
-
-STATE_KEY = "flat"
-_TINY = 1e-30
-PRECISIONS = ("native", "float64")
-
-
-def check_rho(rho: Rho) -> None:
-    if rho == "full":
-        return
-    if isinstance(rho, (str, bool)) or not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
-        raise ValueError(f"Invalid rho={rho!r}: a number > 0, or 'full' for rho_k = 1 / lr_k.")
-
-
-def check_max_normal_step(value: MaxNormalStep) -> None:
-    if value is None or value == "adaptive":
-        return
-    if isinstance(value, (str, bool)) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(
-            f"Invalid max_normal_step={value!r}: a number > 0 (a fixed cap relative to ||x||), 'adaptive' "
-            "(the default trust radius) or None (no cap)."
-        )
-
-
-def check_max_corrections(value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"Invalid max_corrections={value!r}: an integer >= 0 (0: no post-step corrections, the papers' "
-            "methods)."
-        )
-
-
-def check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(
-            f"Invalid precision={precision!r}: 'native' (the parameters' dtype, float64 only for the m x m "
-            "algebra) or 'float64' (everything in float64, the reference path)."
-        )
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The flat layout of the parameters (per parameter, of its real view): the shapes and dtypes it was
-    built for (``key``), sizes, shapes, dtypes, the dtype they promote to (float32 at least) and whether
-    none is complex."""
-
-    key: tuple[tuple[torch.dtype, torch.Size], ...]
-    sizes: list[int]
-    shapes: list[torch.Size]
-    dtypes: list[torch.dtype]
+    layout: FlatLayout
+    reals: list[Tensor]
     dtype: torch.dtype
-    real: bool
-    n: int
+    g: Tensor
+    c: Tensor
+    jacobian: Tensor
+    state: dict[str, Any]
+    loss: Any = None
+
+    @property
+    def m(self) -> int:
+        return self.c.numel()
 
 
 @dataclass
-class Projection:
-    """What a subclass hands the base class before any state changes (see ``_prepare``).
+class Composed:
+    """A composed step: delta (in x), the normal-step scale s tau (None where it is per block) and the
+    normal step's norm."""
 
-    Attributes:
-        jacobian: J in the working dtype.
-        factor: the factorization of the projection Jacobian's Gram matrix (J J^T, or J D^2 J^T).
-        finite: 0-dim bool (a Python bool on the host path), False when the inputs (J, g, ...) hold
-            NaN/inf (checked on m x m data).
-        extras: subclass data for ``_tangent`` / ``_to_x``.
-        tangent_scale: see below.
-    """
-
-    jacobian: Tensor
-    factor: GramFactor
-    finite: Tensor | bool
-    extras: dict[str, Any] = field(default_factory=dict)
-    tangent_scale: float = 1.0
-    """A scalar multiplying w, set by ``_tangent`` (folded into the merged step: no pass over w)."""
-    scaling: Tensor | None = None
-    """d: the projection Jacobian is J diag(d) (Adam(con): d = H^{-1/2}), never formed (its products go
-    through ``ConstrainedOptimizer._scaling``, see :func:`~lit_constrained.optim.nullspace.merged_step`);
-    None: J itself."""
-    step_scale: float | None = None
-    """a = lr * tangent_scale when all groups share one lr (set before ``_normal_norm``), else None: a
-    ``_normal_norm`` that makes a pass over J~ may then form the tangential part a P~ w in the same pass
-    (``extras["tangent_direction"]`` = -J~^T G~^+ (a J~ w), next to ``extras["normal_direction"]``)."""
+    delta: Tensor
+    scale: Tensor | None
+    normal_norm: Tensor
 
 
 class ConstrainedOptimizer(Optimizer, ABC):
     """Shared machinery: hyperparameters, input checks, the flat layout, rho / "full", the safeguard,
-    the merged step, diagnostics, state and workspaces."""
+    the merged step, the corrections, diagnostics, state and workspaces."""
 
     requires = frozenset({"constraints", "jacobian"})
-    shared_keys: tuple[str, ...] = ("rho", "rcond", "max_normal_step", "precision", "constraint_tol",
-                                    "max_corrections")
+    shared_keys: tuple[str, ...] = SHARED_KEYS
     """Hyperparameters of the one projection: equal in all param groups."""
-    host_algebra: bool = True
-    """With CPU tensors, run the m x m algebra and the scalar rules in NumPy (the host path; equal to the
-    torch path to round-off). False keeps the torch path that a GPU runs (the sync-budget tests use it)."""
 
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
-        defaults = {
-            "lr": DEFAULT_LR,
-            "rho": DEFAULT_RHO,
-            "rcond": DEFAULT_RCOND,
-            "max_normal_step": DEFAULT_MAX_NORMAL_STEP,
-            "precision": "native",
-            "constraint_tol": DEFAULT_CONSTRAINT_TOL,
-            "max_corrections": DEFAULT_MAX_CORRECTIONS,
-            **defaults,
-        }
+        defaults = {**PROJECTION_DEFAULTS, **defaults}
         self._check_group(defaults)
         super().__init__(params, defaults)
         self.diagnostics: dict[str, Tensor] = {}
-        self._on_host = False
         self._rank_warned = False
         self._buffers: dict[str, Tensor] = {}
-        self._view_cache: dict[str, tuple[Any, list[Tensor]]] = {}
+        self._view_cache: dict[str, Any] = {}
         self._check_groups()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("diagnostics", {})
-        self.__dict__.setdefault("_on_host", False)
         self.__dict__.setdefault("_rank_warned", False)
         self.__dict__.setdefault("_buffers", {})
         self.__dict__.setdefault("_view_cache", {})
@@ -336,37 +227,33 @@ class ConstrainedOptimizer(Optimizer, ABC):
 
     # ------------------------------------------------------------------ subclass hooks
     @abstractmethod
+    def _init_state(self, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+        """The state at the first step (moments in ``dtype``)."""
+
+    @abstractmethod
     def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
         """Factorize the projection Jacobian (``_factorize``); flag non-finite inputs. No state change
         (``state["step"]`` is still k - 1)."""
 
-    @abstractmethod
     def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
                  diagnostics: dict[str, Tensor] | None) -> Tensor:
-        """Update the state; return w (projection variables, working dtype; may be a workspace)."""
+        """Update the state; return w (projection variables, working dtype; may be a workspace). Needed
+        by the default ``_compose``."""
+        raise NotImplementedError(f"{type(self).__name__} defines neither _tangent nor _compose.")
 
     def _to_x(self, projection: Projection, step: Tensor) -> Tensor:
         """Map a step from the projection variables to x, in place (identity by default)."""
         return step
 
-    def _scaling(self, projection: Projection) -> Scaling | None:
-        """(d, scratch) when the projection Jacobian is J diag(d) (see ``merged_step``); None for J itself."""
-        d = projection.scaling
-        if d is None:
-            return None
-        return d, self._buffer("scaled_vector", tuple(d.shape), d.dtype, d.device)
+    def _normal_direction(self, projection: Projection, c: Tensor, step_scale: float | None) -> NormalDirection:
+        """||T(J~^+ c)||: free for T = identity (c^T G~^+ c). ``step_scale`` = a (all groups share one lr)
+        or None: a hook that makes a pass over J~ may form the tangential part with it
+        (:class:`~lit_constrained.optim.projection.NormalDirection`)."""
+        return NormalDirection(projection.factor.pinv_norm_sq(c).sqrt())
 
-    def _normal_norm(self, projection: Projection, c: Tensor) -> Tensor:
-        """||T(J~^+ c)|| (0-dim float64): free for T = identity (c^T G~^+ c)."""
-        return projection.factor.pinv_norm_sq(c).sqrt()
-
-    def _normal_norm_host(self, projection: Projection, c: np.ndarray) -> float:
-        """``_normal_norm`` on the host path (c a float64 NumPy array)."""
-        return math.sqrt(projection.factor.host.pinv_norm_sq(c))
-
-    @abstractmethod
-    def _init_state(self, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-        """The state at the first step (moments in ``dtype``)."""
+    def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
+        """The factor of J J^T whose rank / smallest singular value the diagnostics report."""
+        return projection.factor
 
     # ------------------------------------------------------------------ workspaces
     def _buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -377,55 +264,43 @@ class ConstrainedOptimizer(Optimizer, ABC):
             self._buffers[name] = buf
         return buf
 
-    def _layout(self, params: list[Tensor]) -> Layout:
-        """The flat layout of ``params`` (cached while their dtypes and shapes stay the same)."""
-        key = tuple([(p.dtype, p.shape) for p in params])
-        cached = self._view_cache.get("layout")
-        if cached is not None and cached.key == key:
-            return cached
-        reals = [real_view(p) for p in params]
-        dtype = torch.float32
-        for t in reals:  # (promote_types is a dispatch per parameter: once per layout)
-            dtype = torch.promote_types(dtype, t.dtype)
-        layout = Layout(key, [t.numel() for t in reals], [t.shape for t in reals], [t.dtype for t in reals],
-                        dtype if dtype.is_floating_point else torch.float32,
-                        not any(p.is_complex() for p in params), sum(t.numel() for t in reals))
-        self._view_cache["layout"] = layout
-        return layout
-
-    def _working_dtype(self, layout: Layout) -> torch.dtype:
-        return torch.float64 if self.param_groups[0]["precision"] == "float64" else layout.dtype
+    def _vector(self, name: str, like: Tensor) -> Tensor:
+        """A persistent n-vector buffer shaped like ``like``."""
+        return self._buffer(name, tuple(like.shape), like.dtype, like.device)
 
     def _group_blocks(self) -> list[tuple[dict[str, Any], slice]]:
         """Each param group with its slice of the flat vector (cached while the groups' params stay)."""
         key = tuple(id(p) for group in self.param_groups for p in group["params"])
         cached = self._view_cache.get("group_blocks")
-        if cached is not None and cached[0] == key and all(
+        if cached is not None and cached[0] == key and len(cached[1]) == len(self.param_groups) and all(
             a is b for a, (b, _) in zip(self.param_groups, cached[1])
-        ) and len(cached[1]) == len(self.param_groups):
+        ):
             return cached[1]
-        blocks, offset = [], 0
-        for group in self.param_groups:
-            size = sum(block_sizes(group["params"]))
-            blocks.append((group, slice(offset, offset + size)))
-            offset += size
+        blocks = group_blocks(self.param_groups)
         self._view_cache["group_blocks"] = (key, blocks)
         return blocks
 
+    def _scaling(self, projection: Projection) -> Scaling | None:
+        """(d, scratch) when the projection Jacobian is J diag(d) (see ``merged_step``); None for J itself."""
+        d = projection.scaling
+        if d is None:
+            return None
+        return d, self._vector("scaled_vector", d)
+
     def _exact_workspace(self, jacobian: Tensor) -> tuple[Tensor, Tensor]:
-        """Scratch for :func:`exact_matvec` (and :func:`exact_gram`): float64 (m, chunk) and (chunk,)."""
+        """Scratch for ``exact_matvec`` (and ``exact_gram``): float64 (m, chunk) and (chunk,)."""
         m, n = jacobian.shape
         chunk = min(n, chunk_columns(m))
         return (self._buffer("exact_rows", (m, chunk), torch.float64, jacobian.device),
                 self._buffer("exact_vector", (chunk,), torch.float64, jacobian.device))
 
-    def _exact_factor(self, jacobian: Tensor, host: bool = False, d: Tensor | None = None) -> GramFactor:
+    def _exact_factor(self, jacobian: Tensor, d: Tensor | None = None) -> GramFactor:
         G = exact_gram(jacobian, self._exact_workspace(jacobian), d)
-        return GramFactor.from_gram(G, self.param_groups[0]["rcond"], host=host)
+        return GramFactor.from_gram(G, self.param_groups[0]["rcond"])
 
     def _factorize(self, jacobian: Tensor) -> tuple[GramFactor, Tensor]:
         """The factor of G = J J^T and whether G is finite (a NaN/inf anywhere in J shows in G; the
-        eigendecomposition then runs on the identity instead, and the flag stops the step)."""
+        factorization then runs on zeros instead, and the flag stops the step)."""
         factor, finite, _ = self._scaled_factorize(jacobian, None)
         return factor, finite
 
@@ -445,18 +320,9 @@ class ConstrainedOptimizer(Optimizer, ABC):
             scratch = self._buffer("scaled_columns", scaled_scratch_shape(m, n, jacobian.dtype), jacobian.dtype,
                                    jacobian.device)
         G, Jv = scaled_gram(jacobian, d, partials, scratch, v)
-        if self._on_host:
-            finite = bool(np.isfinite(G.numpy()).all())
-            if not finite:  # flagged (the step raises): never used
-                G = torch.zeros_like(G)
-            return GramFactor.from_gram(G, self.param_groups[0]["rcond"], host=True), finite, Jv
         finite = torch.isfinite(G).all()
         G = torch.where(finite, G, 0.0)  # a non-finite G is flagged (the step raises): never used
         return GramFactor.from_gram(G, self.param_groups[0]["rcond"]), finite, Jv
-
-    def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
-        """The factor of J J^T whose rank / smallest singular value the diagnostics report."""
-        return projection.factor
 
     # ------------------------------------------------------------------ the step
     @outside_autocast
@@ -482,29 +348,60 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 False it is left empty (a stale value is never read as current).
             constraint_closure: optional, returns c (shape (m,)) at the current parameters; given, the
                 step is followed by at most ``max_corrections`` Gauss-Newton corrections toward
-                max |c| <= tol (see :meth:`_correct`). It must return the same c on every
-                data-parallel rank.
+                max |c| <= tol (:mod:`~lit_constrained.optim.corrections`). It must return the same c on
+                every data-parallel rank.
 
         A NaN/inf in g, c or J raises ``ValueError`` before anything changes.
         """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._call_closure(closure)
         self._check_groups()
         self.diagnostics = {}
         params = group_params(self.param_groups)
         if not params:
             return loss
-        device = params[0].device
-        layout = self._layout(params)
-        dtype = self._working_dtype(layout)
-        n = layout.n
-        g = self._gather_grad(params, layout, dtype, device)
-        reals = params if layout.real else [real_view(p) for p in params]  # (x as real tensors)
-        c, J = self._checked_constraints(constraints, jacobian, n, dtype, device)
-        m = c.numel()
+        inputs = self._inputs(params, constraints, jacobian, loss)
+        projection = self._prepare(inputs.g, inputs.jacobian, inputs.c, inputs.state)
+        projector = self._projector(projection, inputs)  # raises on non-finite inputs: nothing changed yet
+        state = inputs.state
+        state["n"] = inputs.layout.n
+        state["step"] = state["step"] + 1
+        record: dict[str, Tensor] | None = {} if diagnostics else None
+        composed = self._compose(projection, projector, inputs, record)
+        inputs.layout.add_(inputs.reals, composed.delta)
+        if "initial_violation" not in state:
+            state["initial_violation"] = inputs.c.abs().max() if inputs.m else inputs.c.new_zeros(())
+        if inputs.m and constraint_closure is not None and self.param_groups[0]["max_corrections"]:
+            self._correct(constraint_closure, projection, projector, inputs, composed.delta, record)
+        if record is not None:
+            lr = float(self.param_groups[0]["lr"])
+            record_step(record, state=state, factor=self._diagnostic_factor(projection, inputs.jacobian),
+                        projector=projector, to_x=functools.partial(self._to_x, projection), c=inputs.c,
+                        delta=composed.delta, scale=composed.scale, normal_norm=composed.normal_norm, lr=lr,
+                        rho=self.rho)
+            self.diagnostics = record
+        return loss
 
+    def _call_closure(self, closure: Callable[[], Any] | None) -> Any:
+        """The closure's value (called under grad mode), or None."""
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
+
+    def _inputs(self, params: list[Tensor], constraints: Tensor | None, jacobian: Tensor | None,
+                loss: Any) -> StepInputs:
+        """g, c and J in the flat layout and working dtype, checked; the state (created at the first step)."""
+        layout = FlatLayout.cached(self._view_cache, params)
+        dtype = layout.working_dtype(self.param_groups[0]["precision"])
+        device, n = params[0].device, layout.n
+        try:
+            g = layout.gather([p.grad for p in params], self._buffer("grad", (n,), dtype, device), "grad")
+        except ValueError as error:  # sparse gradients
+            raise ValueError(f"{type(self).__name__} does not support sparse gradients.") from error
+        c, J = prepared_constraint_inputs(
+            type(self).__name__, constraints, jacobian, n, dtype, device,
+            lambda m: self._buffer("jacobian", (m, n), dtype, device),
+        )
         state = self.state[STATE_KEY]
         if not state:
             state.update(self._init_state(n, device, dtype))
@@ -514,211 +411,122 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 "create a new optimizer after adding parameter groups."
             )
         else:
-            self._match_state_dtype(state, dtype)
+            for key, value in state.items():  # moments from a checkpoint of another precision: cast once
+                if isinstance(value, Tensor) and value.dim() == 1 and value.dtype != dtype and value.is_floating_point():
+                    state[key] = value.to(dtype)
+        return StepInputs(layout, layout.reals(params), dtype, g, c, J, state, loss)
 
-        self._on_host = host = (self.host_algebra and m > 0 and device.type == "cpu" and J.device.type == "cpu"
-                                and c.device.type == "cpu")
-        c_host = c.numpy() if host else None
-        projection = self._prepare(g, J, c, state)
-        if host:  # the same decisions from host floats
-            finite = projection.finite and bool(np.isfinite(c_host).all())
-            code = host_refinement_code(projection.factor.host.condition, n, dtype, m) + 2 if finite else 0
-        else:
-            # the one host sync: finiteness of the inputs (on m x m data) and the refinement plan together
-            finite = projection.finite & torch.isfinite(c).all()
-            if m == 0:
-                finite = finite & torch.isfinite(torch.dot(g, g))
-            if m:  # plan in {-1, ..., max_refinements(m)}; + RESIDUAL_FLAG where the residuals need float64 products
-                plan = refinement_code(projection.factor, n, dtype)
-            else:
-                plan = torch.zeros((), dtype=torch.int64)
-            plan = plan.to(finite.device)
-            code = int(torch.where(finite, plan + 2, torch.zeros_like(plan)))
-        if code == 0:
+    def _projector(self, projection: Projection, inputs: StepInputs) -> Projector:
+        """The one host read of the step: the inputs' finiteness, the refinement plan and the rank (a
+        warning when the constraints are numerically dependent); raises before any change when a NaN/inf
+        is found. The exact Gram replaces the blocked one where the plan asks for it."""
+        g, c, J = inputs.g, inputs.c, inputs.jacobian
+        m, n = J.shape
+        finite = projection.finite & torch.isfinite(c).all()
+        if m == 0:
+            finite = finite & torch.isfinite(torch.dot(g, g))
+            if not bool(finite):
+                self._raise_nonfinite(g, c, J)
+            return Projector(J, projection.factor, RefinementPlan(0, False))
+        factor = projection.factor
+        read = torch.cat([
+            finite.reshape(1).to(torch.float64).cpu(),
+            refinement_counts(factor, n, inputs.dtype).cpu(),
+            factor.rank.reshape(1).to(torch.float64).cpu(),
+            factor.condition.reshape(1).to(torch.float64).cpu(),
+        ]).tolist()
+        if not read[0]:
             self._raise_nonfinite(g, c, J)
-        if host and not self._rank_warned:
-            self._warn_if_dependent(projection.factor.host.rank, m, n, float(projection.factor.host.condition))
-        exact_residual = code >= RESIDUAL_FLAG
-        refinements = code % RESIDUAL_FLAG - 2
-        if refinements < 0:
-            projection.factor = self._exact_factor(projection.jacobian, host, projection.scaling)
-            refinements = exact_refinements(projection.factor, dtype)
-            exact_residual = True
+        self._warn_if_dependent(int(read[3]), m, n, read[4])
+        plan = RefinementPlan.decode((read[1], read[2]), m)
+        if plan.exact_gram:
+            projection.factor = self._exact_factor(J, projection.scaling)
+            plan = RefinementPlan(exact_refinements(projection.factor, inputs.dtype), True)
+        scaling = self._scaling(projection)
+        exact = bool(plan.steps) and plan.exact_residual
+        return Projector(J, projection.factor, plan, scaling,
+                         self._exact_workspace(J) if exact else None,
+                         self._vector("correction", g) if exact and scaling is None else None)
 
-        state["n"] = n
-        state["step"] = state["step"] + 1
-        record: dict[str, Tensor] | None = {} if diagnostics else None
-        w = self._tangent(projection, g, state, record)
-
-        first = self.param_groups[0]
-        rho = first["rho"]
+    def _compose(self, projection: Projection, projector: Projector, inputs: StepInputs,
+                 record: dict[str, Tensor] | None) -> Composed:
+        """Delta x = T(a P~ w - s J~^+ c) (:mod:`~lit_constrained.optim.projection`) with the safeguarded
+        s, w from ``_tangent``; groups with different lrs scale their blocks of the tangential part."""
+        w = self._tangent(projection, inputs.g, inputs.state, record)
+        c, m = inputs.c, inputs.m
+        rho = self.rho
         lrs = [float(group["lr"]) for group in self.param_groups]
         lr = lrs[0]
         uniform = all(rate == lr for rate in lrs)
         a = lr * projection.tangent_scale
-        delta = self._buffer("delta", (n,), dtype, device)
+        delta = self._vector("delta", inputs.g)
         if m == 0:  # no constraints: the unprojected direction, scaled by each group's lr
             if uniform:
                 torch.mul(w, a, out=delta)
             else:
-                self._scale_by_group_lr(delta, w).mul_(projection.tangent_scale)
-            scale = None
-            normal_norm = torch.zeros((), dtype=torch.float64, device=device)
-        elif uniform or rho == "full":
-            s = 1.0 if rho == "full" else lr * float(rho)
-            projection.step_scale = a if uniform else None
-            if host:  # scale a float, sc a host array (selects the host path of merged_step / refine_)
-                scale, normal_norm = self._normal_scale_host(projection, c_host, s, reals, state)
-                sc, zeros = scale * c_host, np.zeros(m)
-            else:
-                scale, normal_norm = self._normal_scale(projection, c, s, reals, state)
-                sc, zeros = scale * c, torch.zeros_like(c)
-            if uniform:
-                # (the float64 scratch only for refinements with exact residuals)
-                workspace = self._exact_workspace(J) if refinements and exact_residual else None
-                scaling = self._scaling(projection)
-                # (the corrections' scratch: refinements with exact residuals of the unscaled J; see refine_)
-                scratch = (self._buffer("correction", (n,), dtype, device)
-                           if refinements and exact_residual and scaling is None else None)
-                normal = projection.extras.get("normal_direction")
-                tangent = projection.extras.get("tangent_direction")
-                if normal is None:
-                    merged_step(J, projection.factor, w, a, sc, refinements, delta, workspace, scaling,
-                                exact_residual, scratch)
-                else:  # -J~^+ c was formed for the safeguard's norm: reuse it, a P~ w + s (-J~^+ c)
-                    if tangent is None:
-                        merged_step(J, projection.factor, w, a, zeros, 0, delta, scaling=scaling)
-                    else:  # -J~^T G~^+ (a J~ w) came from the same pass: a P~ w = a w + tangent
-                        torch.add(tangent, w, alpha=a, out=delta)
-                    if host:
-                        delta.add_(normal, alpha=scale)
-                    else:
-                        delta.addcmul_(normal, scale.to(delta.dtype))
-                    refine_(J, projection.factor, delta, sc, refinements, workspace, scaling, exact_residual,
-                            scratch)
-                self._to_x(projection, delta)
-            else:
-                if host:
-                    scale = torch.tensor(scale, dtype=torch.float64, device=device)
-                self._mixed_lr_step(projection, w, c, scale, None, refinements, J, delta)
-        else:  # mixed lrs with a numeric rho: each block's normal part scaled by its own lr * rho
-            lr_rho = self._lr_vector(dtype, device).mul_(float(rho))
-            scale = None
-            normal_norm = torch.full((), math.nan, dtype=torch.float64, device=device)
-            self._mixed_lr_step(projection, w, c, None, lr_rho, refinements, J, delta)
-        self._add_to_params(reals, layout, delta)
+                for group, block in self._group_blocks():
+                    torch.mul(w[block], float(group["lr"]) * projection.tangent_scale, out=delta[block])
+            return Composed(delta, None, torch.zeros((), dtype=torch.float64, device=delta.device))
+        if not uniform and rho != "full":  # each block's normal part scaled by its own lr * rho
+            tangent = self._to_x(projection, projector.project(w, torch.empty_like(w), projection.tangent_scale))
+            mixed_lr_step(projector, tangent, self._block_lrs(), self.param_groups[0]["rcond"], delta)
+            normal = self._to_x(projection, projector.normal(c, torch.empty_like(w)))
+            lr_rho = torch.cat([torch.full((block.stop - block.start,), float(group["lr"]) * float(rho),
+                                           dtype=delta.dtype, device=delta.device)
+                                for group, block in self._group_blocks()])
+            delta.addcmul_(lr_rho, normal)
+            return Composed(delta, None, torch.full((), math.nan, dtype=torch.float64, device=delta.device))
+        s = 1.0 if rho == "full" else lr * float(rho)
+        direction = self._normal_direction(projection, c, a if uniform else None)
+        first = self.param_groups[0]
+        scale, normal_norm = normal_step_scale(first["max_normal_step"], rho, s, direction.norm, c,
+                                               projection.factor, lambda: _norm(inputs.reals), inputs.state)
+        sc = scale * c
+        if not uniform:  # rho = "full": the normal part unscaled, the tangential part per block
+            tangent = self._to_x(projection, projector.project(w, torch.empty_like(w), projection.tangent_scale))
+            mixed_lr_step(projector, tangent, self._block_lrs(), first["rcond"], delta)
+            delta.add_(self._to_x(projection, projector.normal(c, torch.empty_like(w))) * scale.to(delta.dtype))
+            return Composed(delta, scale, normal_norm)
+        if direction.direction is None:
+            projector.merged(w, a, sc, delta)
+        else:  # -J~^+ c was formed for the safeguard's norm: reuse it, a P~ w + s (-J~^+ c), then refine
+            if direction.tangent is None:
+                projector.unrefined(w, a, delta)
+            else:  # -J~^T G~^+ (a J~ w) came from the same pass: a P~ w = a w + tangent
+                torch.add(direction.tangent, w, alpha=a, out=delta)
+            delta.addcmul_(direction.direction, scale.to(delta.dtype))
+            projector.refine(delta, sc)
+        self._to_x(projection, delta)
+        return Composed(delta, scale, normal_norm)
 
-        if "initial_violation" not in state:
-            state["initial_violation"] = c.abs().max() if m else c.new_zeros(())
-        if m and constraint_closure is not None and first["max_corrections"]:
-            self._correct(constraint_closure, projection, refinements, exact_residual, reals, layout, state,
-                          record, c, delta)
-        if record is not None:
-            normal_norm = torch.as_tensor(normal_norm, dtype=torch.float64, device=device)
-            self._record(record, state, projection, c, J, delta, scale, normal_norm, lr, refinements)
-            self.diagnostics = record
-        return loss
+    def _block_lrs(self) -> list[tuple[float, slice]]:
+        return [(float(group["lr"]), block) for group, block in self._group_blocks()]
 
-    # ------------------------------------------------------------------ pieces of the step
-    def _correct(
-        self,
-        evaluate: Callable[[], Tensor],
-        projection: Projection,
-        refinements: int,
-        exact_residual: bool,
-        reals: list[Tensor],
-        layout: Layout,
-        state: dict[str, Any],
-        record: dict[str, Tensor] | None,
-        c_before: Tensor,
-        delta: Tensor,
-    ) -> None:
-        r"""Feasibility held to a tolerance (``../shared/spec/algorithms.md`` section 8): after the step
-        :math:`x^+ = x_k + \Delta_k`, at most K = ``max_corrections`` times while
-        :math:`\max|c(x^+)| > \text{tol}`,
-
-        .. math::
-            x^+ \leftarrow x^+ + T\big(-\tilde J_k^+ c(x^+)\big)
-                = x^+ - T \tilde J_k^T \tilde G_k^+ c(x^+)
-
-        with the step's own factorization (J at :math:`x_k`: a second-order correction, no new Jacobian;
-        T and :math:`\tilde J` as in the step, so :math:`J_k \Delta x = -c(x^+)`), the same
-        refinements, and only c re-evaluated (``evaluate``). tol = ``constraint_tol`` * max(max
-        :math:`|c_1|`, 1). The loop stops early when a correction leaves max |c| above
-        ``CORRECTION_STALL`` times the previous one (the residual's rounding floor); a correction that
-        increased max |c| is undone.
-
-        Step acceptance: when after the corrections max |c| is still above
-        max(``BACKTRACK_ABOVE_TOL`` tol, ``BACKTRACK_GROWTH`` max :math:`|c_k|`) (the step's curvature
-        outran the linearization: the corrections with :math:`J_k` cannot restore it), the step is
-        halved, :math:`x^+ = x_k + \tau \Delta_k` with :math:`\tau = 1/2, 1/4, ...` (at most
-        ``MAX_BACKTRACKS`` times; the optimizer's state keeps the full step's update), and corrected
-        again. No correction follows a step whose normal step the safeguard capped
-        (``max_normal_step``: far from feasibility the linearization is not trusted, and an uncapped
-        Gauss-Newton correction would take the step the cap refused). Each evaluation is one host read
-        of max |c| (the decisions are the same on every rank: c is). Diagnostics: ``corrections``
-        (taken), ``step_fraction`` (:math:`\tau`) and ``corrected_violation`` (max |c| after them; an
-        evaluation of its own on diagnostic steps where none was made last)."""
-        group = self.param_groups[0]
-        J = projection.jacobian
-        m, n = J.shape
-        taken, violation, fraction = 0, math.nan, 1.0
+    def _correct(self, evaluate: Callable[[], Tensor], projection: Projection, projector: Projector,
+                 inputs: StepInputs, delta: Tensor, record: dict[str, Tensor] | None) -> None:
+        """The post-step corrections (:func:`~lit_constrained.optim.corrections.hold_feasibility`). None
+        follows a step whose normal step the safeguard capped (far from feasibility the linearization is
+        not trusted, and an uncapped Gauss-Newton correction would take the step the cap refused).
+        Diagnostics: ``corrections`` (taken), ``step_fraction`` (tau) and ``corrected_violation`` (max |c|
+        after them; an evaluation of its own on diagnostic steps where none was made last)."""
+        state, group = inputs.state, self.param_groups[0]
         capped = state.get("normal_step_capped")
-        if capped is None or not bool(capped):  # a capped step: far from feasibility, the safeguard decides
+        taken, fraction, violation = 0, 1.0, math.nan
+        if capped is None or not bool(capped):
             tol = float(group["constraint_tol"]) * max(float(state["initial_violation"]), 1.0)
-            accept_below = max(BACKTRACK_ABOVE_TOL * tol, BACKTRACK_GROWTH * float(c_before.abs().max()))
-            applied = self._buffer("corrections_applied", (n,), J.dtype, J.device).zero_()
-            for backtrack in range(MAX_BACKTRACKS + 1):
-                count, violation = self._gauss_newton_corrections(
-                    evaluate, projection, refinements, exact_residual, reals, layout, tol, applied)
-                taken += count
-                if backtrack == MAX_BACKTRACKS:
-                    break
-                if math.isnan(violation):
-                    violation = float(self._evaluated_constraints(evaluate, m).abs().max())
-                if violation <= accept_below:
-                    break
-                # back to x_k + (tau / 2) Delta_k: remove the corrections and half of what is left of the step
-                self._add_to_params(reals, layout, applied.add_(delta, alpha=fraction / 2).neg_())
-                applied.zero_()
-                fraction /= 2
-                violation = math.nan
+            result = hold_feasibility(
+                evaluate, projector, functools.partial(self._to_x, projection),
+                lambda step: inputs.layout.add_(inputs.reals, step), delta, tol, float(inputs.c.abs().max()),
+                int(group["max_corrections"]), lambda name: self._vector(name, delta),
+            )
+            taken, fraction, violation = result.taken, result.step_fraction, result.violation
         if record is not None:
             if math.isnan(violation):
-                violation = float(self._evaluated_constraints(evaluate, m).abs().max())
-            as_tensor = functools.partial(torch.tensor, dtype=torch.float64, device=J.device)
+                violation = max_violation(evaluate, inputs.m)
+            as_tensor = functools.partial(torch.tensor, dtype=torch.float64, device=delta.device)
             record["corrections"] = as_tensor(float(taken))
             record["step_fraction"] = as_tensor(fraction)
             record["corrected_violation"] = as_tensor(violation)
-
-    def _gauss_newton_corrections(
-        self, evaluate: Callable[[], Tensor], projection: Projection, refinements: int, exact_residual: bool,
-        reals: list[Tensor], layout: Layout, tol: float, applied: Tensor,
-    ) -> tuple[int, float]:
-        """The correction loop of :meth:`_correct` (each correction also added to ``applied``): the number
-        taken and the last evaluated max |c| (NaN when the last correction was not evaluated after)."""
-        J, factor = projection.jacobian, projection.factor
-        m, n = J.shape
-        correction = self._buffer("correction_step", (n,), J.dtype, J.device)
-        scaling = self._scaling(projection)
-        workspace = self._exact_workspace(J) if refinements and exact_residual else None
-        taken, previous, violation = 0, math.inf, math.nan
-        for _ in range(int(self.param_groups[0]["max_corrections"])):
-            c = self._evaluated_constraints(evaluate, m)
-            violation = float(c.abs().max())
-            if taken and not violation <= previous:  # the last correction made it worse (or NaN): undo it
-                self._add_to_params(reals, layout, correction.neg_())
-                applied.add_(correction)
-                return taken - 1, previous
-            if not violation > tol or violation > CORRECTION_STALL * previous:
-                return taken, violation
-            sc = c.to(torch.float64)
-            merged_step(J, factor, None, 0.0, sc.numpy() if self._on_host else sc, refinements, correction,
-                        workspace, scaling, exact_residual)
-            self._add_to_params(reals, layout, self._to_x(projection, correction))
-            applied.add_(correction)
-            taken, previous, violation = taken + 1, violation, math.nan
-        return taken, violation
 
     def _warn_if_dependent(self, rank: int, m: int, n: int, condition: float) -> None:
         """One warning per optimizer when the imposed constraints are numerically dependent (rank < m):
@@ -734,185 +542,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
             f"kept part {condition:.2g}): {m - rank} are dependent on the others ({why}). The step imposes "
             "their least-squares solution (the minimum-norm Gauss-Newton step), so not every constraint can "
             "reach 0: impose fewer or independent points, or use a larger network. The rank is logged as "
-            "optim/rank.", RuntimeWarning, stacklevel=3,
-        )
-
-    @staticmethod
-    def _evaluated_constraints(evaluate: Callable[[], Tensor], m: int) -> Tensor:
-        c = evaluate()
-        if not isinstance(c, Tensor) or c.shape != (m,):
-            shape = tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__
-            raise ValueError(
-                f"constraint_closure returned {shape}, expected a tensor of shape ({m},): the constraints "
-                "of this step at the updated parameters."
-            )
-        return c.detach()
-
-    def _normal_scale(
-        self, projection: Projection, c: Tensor, s: float, params: list[Tensor], state: dict[str, Any]
-    ) -> tuple[Tensor, Tensor]:
-        """The normal-step scale s * tau (0-dim float64: tau < 1 where the safeguard caps the step) and
-        the resulting normal-step norm; updates the adaptive radius in the state. ``params``: x as real
-        tensors (the parameters' real views)."""
-        cap = self.param_groups[0]["max_normal_step"]
-        s_t = torch.full((), s, dtype=torch.float64, device=c.device)
-        adaptive = cap == "adaptive" and self.param_groups[0]["rho"] == "full"
-        if cap is None or (cap == "adaptive" and not adaptive):
-            return s_t, s * self._normal_norm(projection, c)
-        norm = s * self._normal_norm(projection, c)
-        x_norm = torch.linalg.vector_norm(  # (step() runs under no_grad: no detach needed)
-            torch.stack(torch._foreach_norm(params)).to(torch.float64)
-        )
-        if adaptive:
-            rule = ADAPTIVE_NORMAL_STEP
-            c_norm = c.norm()
-            radius = state.get("normal_radius")
-            if radius is None:
-                radius = torch.full((), rule.initial, dtype=torch.float64, device=c.device)
-            if "previous_violation" in state:
-                previous, was_capped = state["previous_violation"], state["normal_step_capped"]
-                ratio = (previous - c_norm) / (previous - state["predicted_violation"]).clamp_min(_TINY)
-                factor = torch.where(was_capped & (ratio < rule.shrink_below), rule.shrink,
-                                     torch.where(was_capped & (ratio > rule.grow_above), rule.grow, 1.0))
-                radius = (radius * factor).clamp(rule.smallest, rule.largest)
-            if "reference_norm" not in state:
-                state["reference_norm"] = x_norm.clamp_min(1.0)
-            limit = radius * state["reference_norm"]
-        else:
-            limit = cap * x_norm
-        capped = norm > limit
-        tau = (limit / norm.clamp_min(_TINY)).clamp_max(1.0)
-        if adaptive:
-            reach = projection.factor.range_part(c)  # J~ = J H^{-1/2} has the range of J
-            state["normal_radius"] = radius
-            state["previous_violation"] = c_norm
-            state["predicted_violation"] = (c - (s * tau) * reach).norm()
-        state["normal_step_capped"] = capped
-        return s_t * tau, norm * tau
-
-    @np.errstate(over="ignore", invalid="ignore", divide="ignore")  # inf/NaN silently, as in torch
-    def _normal_scale_host(
-        self, projection: Projection, c: np.ndarray, s: float, params: list[Tensor], state: dict[str, Any]
-    ) -> tuple[float, float]:
-        """``_normal_scale`` on the host path: the same rules on Python floats (c a float64 NumPy array);
-        the state keeps its 0-dim tensors."""
-        cap = self.param_groups[0]["max_normal_step"]
-        adaptive = cap == "adaptive" and self.param_groups[0]["rho"] == "full"
-        norm = s * self._normal_norm_host(projection, c)
-        if cap is None or (cap == "adaptive" and not adaptive):
-            return s, norm
-        x_norm = host_norm(torch.stack(torch._foreach_norm(params)).numpy().astype(np.float64))
-        if adaptive:
-            rule = ADAPTIVE_NORMAL_STEP
-            c_norm = host_norm(c)
-            radius = float(state["normal_radius"]) if "normal_radius" in state else rule.initial
-            if "previous_violation" in state:
-                previous, was_capped = float(state["previous_violation"]), float(state["normal_step_capped"])
-                # (max/min with the computed value first keep a NaN, as torch's clamp does)
-                ratio = (previous - c_norm) / max(previous - float(state["predicted_violation"]), _TINY)
-                factor = (rule.shrink if was_capped and ratio < rule.shrink_below
-                          else rule.grow if was_capped and ratio > rule.grow_above else 1.0)
-                radius = min(max(radius * factor, rule.smallest), rule.largest)
-            if "reference_norm" not in state:
-                state["reference_norm"] = _host_tensor(max(x_norm, 1.0))
-            limit = radius * float(state["reference_norm"])
-        else:
-            limit = cap * x_norm
-        capped = norm > limit
-        tau = min(limit / max(norm, _TINY), 1.0)
-        if adaptive:
-            reach = projection.factor.host.range_part(c)  # J~ = J H^{-1/2} has the range of J
-            state["normal_radius"] = _host_tensor(radius)
-            state["previous_violation"] = _host_tensor(c_norm)
-            state["predicted_violation"] = _host_tensor(host_norm(c - (s * tau) * reach))
-        state["normal_step_capped"] = torch.from_numpy(np.asarray(capped, dtype=np.bool_))
-        return s * tau, norm * tau
-
-    def _lr_vector(self, dtype: torch.dtype, device: torch.device) -> Tensor:
-        """The per-entry lr of the flat layout (the mixed-lr path only)."""
-        pieces = [torch.full((block.stop - block.start,), float(group["lr"]), dtype=dtype, device=device)
-                  for group, block in self._group_blocks()]
-        return torch.cat(pieces)
-
-    def _scale_by_group_lr(self, out: Tensor, w: Tensor) -> Tensor:
-        for group, block in self._group_blocks():
-            torch.mul(w[block], float(group["lr"]), out=out[block])
-        return out
-
-    def _mixed_lr_step(
-        self, projection: Projection, w: Tensor, c: Tensor, scale: Tensor | None, lr_rho: Tensor | None,
-        refinements: int, J: Tensor, out: Tensor,
-    ) -> None:
-        """Groups with different lrs: Delta x = P(diag(lr) t) + normal, with t = T(P~ w) the tangential
-        direction and the normal part s v_hat (``scale``) or diag(lr rho) v_hat (``lr_rho``)."""
-        zeros = torch.zeros_like(c)
-        scaling = self._scaling(projection)
-        t = merged_step(J, projection.factor, w, projection.tangent_scale, zeros, refinements, torch.empty_like(w),
-                        scaling=scaling)
-        t = self._to_x(projection, t)
-        self._scale_by_group_lr(t, t)
-        plain = NullSpace.from_jacobian(J, self.param_groups[0]["rcond"])
-        merged_step(J, plain.factor, t, 1.0, zeros, plain.refine, out)
-        v_hat = merged_step(J, projection.factor, None, 0.0, c, refinements, torch.empty_like(w), scaling=scaling)
-        v_hat = self._to_x(projection, v_hat)
-        if lr_rho is not None:
-            out.addcmul_(lr_rho, v_hat)
-        else:
-            out.add_(v_hat * scale.to(out.dtype))
-
-    def _views(self, name: str, flat: Tensor, layout: Layout) -> list[Tensor]:
-        """Views of the persistent flat buffer ``flat`` shaped like each parameter's real view (cached)."""
-        cached = self._view_cache.get(name)
-        if cached is None or cached[0] is not layout or cached[1] != flat.data_ptr() or cached[2] != flat.dtype:
-            views, offset = [], 0
-            for shape, size in zip(layout.shapes, layout.sizes):
-                views.append(flat[offset:offset + size].view(shape))
-                offset += size
-            cached = (layout, flat.data_ptr(), flat.dtype, views)
-            self._view_cache[name] = cached
-        return cached[3]
-
-    def _gather_grad(self, params: list[Tensor], layout: Layout, dtype: torch.dtype, device: torch.device) -> Tensor:
-        """g in the flat layout, copied into a persistent buffer (one foreach copy; zeros for no grad)."""
-        g = self._buffer("grad", (layout.n,), dtype, device)
-        views = self._views("grad", g, layout)
-        targets, grads = [], []
-        for p, view in zip(params, views):
-            grad = p.grad  # (a property: read once)
-            if grad is None:
-                view.zero_()
-            elif grad.is_sparse:
-                raise ValueError(f"{type(self).__name__} does not support sparse gradients.")
-            else:
-                targets.append(view)
-                grads.append(grad if layout.real else real_view(grad))
-        if targets:
-            torch._foreach_copy_(targets, grads)
-        return g
-
-    def _add_to_params(self, targets: list[Tensor], layout: Layout, delta: Tensor) -> None:
-        """x <- x + delta, block by block (one foreach add when the dtypes agree); ``targets``: the
-        parameters' real views (step() runs under no_grad)."""
-        steps = self._views("delta", delta, layout)
-        if all(dtype == delta.dtype for dtype in layout.dtypes):
-            torch._foreach_add_(targets, steps)
-        else:  # the float64 reference path with lower-precision parameters
-            for target, step in zip(targets, steps):
-                target.add_(step.to(target.dtype))
-
-    @staticmethod
-    def _match_state_dtype(state: dict[str, Any], dtype: torch.dtype) -> None:
-        """Moments loaded from a checkpoint of another precision are cast once to the working dtype."""
-        for key, value in state.items():
-            if isinstance(value, Tensor) and value.dim() == 1 and value.dtype != dtype and value.is_floating_point():
-                state[key] = value.to(dtype)
-
-    def _checked_constraints(
-        self, constraints: Tensor | None, jacobian: Tensor | None, n: int, dtype: torch.dtype, device: torch.device
-    ) -> tuple[Tensor, Tensor]:
-        return prepared_constraint_inputs(
-            type(self).__name__, constraints, jacobian, n, dtype, device,
-            lambda m: self._buffer("jacobian", (m, n), dtype, device),
+            "optim/rank.", RuntimeWarning, stacklevel=4,
         )
 
     def _raise_nonfinite(self, g: Tensor, c: Tensor, J: Tensor) -> None:
@@ -925,60 +555,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
             "Check the loss/constraints at this point (a diverging run or a bad batch)."
         )
 
-    def _record(
-        self,
-        record: dict[str, Tensor],
-        state: dict[str, Any],
-        projection: Projection,
-        c: Tensor,
-        J: Tensor,
-        delta: Tensor,
-        scale: Tensor | None,
-        normal_norm: Tensor,
-        lr: float,
-        refinements: int,
-    ) -> None:
-        """Diagnostics of this step (0-dim tensors; a pass over J for the feasibility error)."""
-        device = c.device
-        as_tensor = lambda value: torch.as_tensor(value, dtype=torch.float64, device=device)  # noqa: E731
-        factor = self._diagnostic_factor(projection, J)
-        violation = c.abs().max() if c.numel() else c.new_zeros(())
-        rho = self.param_groups[0]["rho"]
-        step_norm = delta.norm().to(torch.float64)
-        if not self._on_host:  # (the host path checks at every step; here the rank is read on logging steps)
-            self._warn_if_dependent(int(factor.rank), *J.shape, float(factor.condition))
-        record.update(
-            rank=factor.rank,
-            gram_condition=factor.condition.to(torch.float64),
-            smallest_singular_value=factor.smallest_singular_value,
-            rho=as_tensor((1.0 / lr if lr > 0 else math.inf) if rho == "full" else float(rho)),
-            step_norm=step_norm,
-            normal_step_norm=normal_norm,
-            violation_max=violation,
-            violation_ratio=violation / state["initial_violation"].clamp_min(_TINY),
-            refinements=as_tensor(refinements),
-        )
-        if c.numel() and scale is not None:
-            normal = merged_step(J, projection.factor, None, 0.0, scale * c, refinements, torch.empty_like(delta),
-                                 scaling=self._scaling(projection))
-            normal = self._to_x(projection, normal)
-            record["tangential_step_norm"] = (delta - normal).norm().to(torch.float64)
-        else:
-            record["tangential_step_norm"] = step_norm
-        if "normal_step_capped" in state:
-            record["normal_step_capped"] = state["normal_step_capped"].to(torch.float64)
-        if "normal_radius" in state:
-            record["normal_radius"] = state["normal_radius"]
-        if lr > 0:
-            record["direction_norm"] = step_norm / lr
-        if c.numel() and scale is not None:
-            # ||J d + rho c|| / (rho ||c||) with d = delta / lr: the relative error of the intended
-            # linearized reduction J delta = -lr rho c (~1e-10 or less in float64 when healthy).
-            record["linearized_feasibility_error"] = (exact_matvec(J, delta) + scale * c).norm() / (
-                scale * c.norm()
-            ).clamp_min(_TINY)
 
-
-def _host_tensor(value: float) -> Tensor:
-    """A 0-dim float64 CPU tensor holding ``value`` (for the state, on the host path)."""
-    return torch.from_numpy(np.asarray(value, dtype=np.float64))
+def _norm(tensors: list[Tensor]) -> Tensor:
+    """||x|| over the tensors (0-dim float64; step() runs under no_grad)."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)).to(torch.float64))

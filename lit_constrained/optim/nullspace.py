@@ -36,7 +36,7 @@ passes over J) removes the errors of the first pass: that of the normal
 equations (each step multiplies it by about :math:`q = \kappa(G)\,\epsilon_G`, :math:`\epsilon_G` the
 Gram's relative error) and, for float32 J, the cancellation in :math:`J^T z` (:math:`z` grows like
 :math:`1/\sigma_{\min}^2` while :math:`J^T z` like :math:`1/\sigma_{\min}`: a relative error
-:math:`\sim\epsilon_{32}\,\kappa(J)`). :func:`refinement_plan` picks the number of steps, or the exact
+:math:`\sim\epsilon_{32}\,\kappa(J)`). :class:`RefinementPlan` holds the number of steps, or the exact
 float64 Gram when the blocked one is too inaccurate for the conditioning of J. The residual is what
 limits the refined accuracy: :func:`blocked_matvec` (float32 products over ``RESIDUAL_BLOCK`` columns
 summed in float64, the cost of one float32 pass) is accurate to about :math:`\epsilon_{32}
@@ -45,12 +45,9 @@ float32 passes' time: the conversion of J dominates) to the float32 rounding of 
 :func:`exact_residual_needed` picks the exact one only where the blocked one cannot reach
 ``TARGET_ERROR`` (and always on the exact-Gram path).
 
-**The host path (CPU tensors).** The m x m algebra is a few dozen tiny operations per step; as torch ops
-each costs a dispatch (~3-10 us), together about one Adam step at n = 1e5. When the tensors are on the
-CPU, :meth:`GramFactor.from_gram` with ``host=True`` also keeps NumPy views of its data
-(:class:`HostFactor`), and :func:`merged_step` / :func:`refine_` given ``sc`` as a NumPy array do the
-m x m work in NumPy (the same float64 formulas; equal to the torch path to round-off). On a GPU the torch
-path stays, free of host syncs.
+The factor of G and its rank cutoff are :mod:`~lit_constrained.optim.gram_factor`'s (``eigh``, or a
+pivoted Cholesky factorization for a large CPU Gram); this module forms the products with J, decides the
+refinement (:class:`RefinementPlan`) and composes the step (:func:`merged_step`).
 """
 
 from __future__ import annotations
@@ -59,15 +56,11 @@ import functools
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from .pivoted_cholesky import HostCholesky
-
-DEFAULT_RCOND = 1e-7
-"""Relative cutoff on the singular values of J: a float32 Jacobian carries ~1e-7 relative noise.
-(The float64 Gram matrix resolves singular-value ratios down to ~1e-8: a smaller rcond is not meaningful.)"""
+from .gram_factor import EIGH_MAX_SIZE, GramFactor, PivotedGramFactor
+from .hyperparameters import DEFAULT_RCOND
 
 REFINE_ABOVE_CONDITION = 1e3
 """float64 data: iterative refinement is applied when the condition number of the kept part of J J^T
@@ -105,12 +98,6 @@ TARGET_ERROR = 1e-6
 """Refine until the estimated relative error of J delta = -s c is below this (float32 data; about the
 rounding error of a float32 step itself at cond(J) = 1e3)."""
 
-EIGH_MAX_SIZE = 64
-"""The largest m whose Gram matrix the host path factors by ``eigh`` (below it the m x m algebra costs
-microseconds either way); a larger one is factored by a pivoted Cholesky factorization
-(:mod:`~lit_constrained.optim.pivoted_cholesky`; measured on one AMD EPYC core: eigh 0.6 / 77 / 2 570
-ms at m = 100 / 1 000 / 3 000 against 0.03 / 6 / 140 ms)."""
-
 MAX_REFINEMENTS = 2
 """Beyond this many refinement steps with the blocked Gram, the exact (float64-product) Gram is used (m <=
 ``EIGH_MAX_SIZE``; see :func:`max_refinements`)."""
@@ -120,10 +107,7 @@ LARGE_MAX_REFINEMENTS = 8
 more than a refinement step's two or three passes over J (3.3 s against ~10 ms a pass at m = 1 000,
 n = 8 964 on one AMD EPYC core), so more steps with the blocked Gram come first."""
 
-RESIDUAL_FLAG = 16
-"""The refinement code's flag for float64-product residuals: code = plan + 2 + RESIDUAL_FLAG * exact_residual,
-with plan + 2 in [1, LARGE_MAX_REFINEMENTS + 2] < RESIDUAL_FLAG (asserted below)."""
-assert LARGE_MAX_REFINEMENTS + 2 < RESIDUAL_FLAG and MAX_REFINEMENTS <= LARGE_MAX_REFINEMENTS
+assert MAX_REFINEMENTS <= LARGE_MAX_REFINEMENTS
 
 
 def max_refinements(m: int) -> int:
@@ -234,13 +218,7 @@ def scaled_gram(J: Tensor, d: Tensor | None, workspace: Tensor | None = None, sc
 
 def _symmetrized_sum(G: Tensor | None, tail: Tensor | None) -> Tensor:
     """0.5 (S + S^T) for S = G + tail in float64 (G float64, tail in J's dtype, converted exactly; one
-    may be None). CPU tensors outside autograd: the same arithmetic in NumPy (a dispatch per op saved)."""
-    parts = [part for part in (G, tail) if part is not None]
-    if parts[0].device.type == "cpu" and not any(part.requires_grad for part in parts):
-        S = G.numpy() if G is not None else tail.numpy().astype(np.float64)
-        if G is not None and tail is not None:
-            S = S + tail.numpy()  # (float32 entries promote to float64 exactly, as .to(float64) does)
-        return torch.from_numpy(0.5 * (S + S.T))
+    may be None)."""
     S = G if tail is None else tail.to(torch.float64) if G is None else G + tail.to(torch.float64)
     return 0.5 * (S + S.T)
 
@@ -387,271 +365,69 @@ def add_rmatvec_(
     return out.addcmul_(torch.mv(J.T, z, out=scaled), d, value=alpha)
 
 
-# ---------------------------------------------------------------------------- the m x m algebra
-@dataclass
-class GramFactor:
-    """The pseudo-inverse of G = J J^T by an eigendecomposition, with a relative cutoff as a mask.
+# ---------------------------------------------------------------------------- the refinement plan
+@dataclass(frozen=True)
+class RefinementPlan:
+    """How a step's projections are refined (decided from cond(G) once per step).
 
-    Attributes (all tensors, float64 unless said):
-        basis: U, all eigenvectors of G, shape (m, m).
-        inverse: keep_i / lambda_i, 0 for the dropped eigenvalues, shape (m,).
-        keep: the kept eigenvalues (bool), shape (m,).
-        kept_min: the smallest kept eigenvalue (0-dim; lambda_max when nothing is kept).
-        condition: lambda_max / lambda_min of the kept eigenvalues (0-dim; 1 when r = 0).
-    ``rank`` and ``smallest_singular_value`` (diagnostics) are computed when read.
+    Attributes:
+        steps: refinement steps of :func:`refine_`.
+        exact_residual: their residuals from float64 products (:func:`exact_matvec`) rather than the
+            blocked float32 ones (:func:`exact_residual_needed`).
+        exact_gram: the blocked Gram is too inaccurate for the conditioning of J: form the Gram from
+            float64 products (:func:`exact_gram`) and refine :func:`exact_refinements` times instead.
     """
 
-    basis: Tensor | None
-    inverse: Tensor | None
-    keep: Tensor | None
-    kept_min: Tensor
-    condition: Tensor
-    host: "HostFactor | HostCholesky | None" = None
-    """NumPy views of the same data (``from_gram(..., host=True)``, CPU tensors only), for the host path
-    (:class:`PivotedGramFactor`: its pivoted Cholesky factorization instead)."""
+    steps: int
+    exact_residual: bool
+    exact_gram: bool = False
 
     @classmethod
-    def from_gram(cls, G: Tensor, rcond: float = DEFAULT_RCOND, host: bool = False) -> "GramFactor":
-        """Factor G (float64, symmetric). ``host=True`` (G on the CPU): the cutoff and its scalars are
-        computed in NumPy, and :attr:`host` is set; the tensors are views of the same arrays. On the
-        host, a G larger than ``EIGH_MAX_SIZE`` is factored by a pivoted Cholesky factorization instead
-        (:meth:`from_pivoted_cholesky`)."""
-        if host and G.shape[0] > EIGH_MAX_SIZE:
-            return cls.from_pivoted_cholesky(G, rcond)
-        eigenvalues, basis = torch.linalg.eigh(G)
-        if host:
-            return cls._from_host_eigh(eigenvalues, basis, rcond)
-        largest = eigenvalues[-1]
-        # (when largest <= 0 nothing is kept: every eigenvalue is <= largest <= 0 = the cutoff)
-        keep = eigenvalues > (rcond**2) * largest.clamp_min(0.0)
-        inverse = torch.where(keep, eigenvalues.reciprocal(), 0.0)
-        kept_min = torch.where(keep, eigenvalues, largest).min()
-        # nothing kept: kept_min = largest, so the ratio is 1, or 0/0 for G = 0
-        condition = (largest / kept_min).nan_to_num(nan=1.0)
-        return cls(basis, inverse, keep, kept_min, condition)
-
-    @classmethod
-    def _from_host_eigh(cls, eigenvalues: Tensor, basis: Tensor, rcond: float) -> "GramFactor":
-        """``from_gram``'s cutoff in NumPy and Python floats (the same IEEE operations, hence the same
-        values). The eigenvalues ascend, so the kept ones are the last r and the smallest kept is the r-th
-        from the end."""
-        values = eigenvalues.numpy()
-        largest = float(values[-1])
-        keep = values > (rcond**2) * max(largest, 0.0)
-        inverse = np.divide(1.0, values, out=np.zeros(values.shape[0]), where=keep)
-        rank = int(np.count_nonzero(keep))
-        kept_min = float(values[-rank]) if rank else largest
-        # nothing kept: kept_min = largest, so the ratio is 1, or 0/0 for G = 0 (1 as well)
-        condition = largest / kept_min if kept_min != 0.0 else 1.0
-        host = HostFactor(basis.numpy(), inverse, keep.astype(np.float64), condition)
-        return cls(basis, torch.from_numpy(inverse), torch.from_numpy(keep), _host_scalar(kept_min),
-                   _host_scalar(condition), host)
-
-    @classmethod
-    def from_pivoted_cholesky(cls, G: Tensor, rcond: float = DEFAULT_RCOND) -> "GramFactor":
-        """The host factor of a CPU G by LAPACK's rank-revealing pivoted Cholesky factorization
-        (:class:`~lit_constrained.optim.pivoted_cholesky.HostCholesky`: the same cutoff on the singular
-        values of J, ~10x cheaper than ``eigh`` at m = 1 000 and ~20x at 3 000). It has no eigenvector
-        basis: the tensor methods run the host ones."""
-        chol = HostCholesky.factor(G.numpy(), rcond)
-        return PivotedGramFactor(None, None, None, _host_scalar(chol.kept_min), _host_scalar(chol.condition), chol)
-
-    @classmethod
-    def empty(cls, device: torch.device | None = None) -> "GramFactor":
-        z = torch.zeros(0, dtype=torch.float64, device=device)
-        scalar = torch.zeros((), dtype=torch.float64, device=device)
-        return cls(z.reshape(0, 0), z, z.bool(), scalar, scalar + 1.0)
-
-    @property
-    def size(self) -> int:
-        """m, the order of G."""
-        return self.basis.shape[0]
-
-    @property
-    def rank(self) -> Tensor:
-        """The numerical rank r of J (0-dim, int64)."""
-        return self.keep.sum()
-
-    @property
-    def smallest_singular_value(self) -> Tensor:
-        """The smallest kept singular value of J (0-dim; 0 when r = 0)."""
-        return self.kept_min.clamp_min(0.0).sqrt()
-
-    def solve(self, b: Tensor) -> Tensor:
-        """G^+ b for b of shape (m,) or (m, k)."""
-        U = self.basis
-        weights = self.inverse if b.dim() == 1 else self.inverse[:, None]
-        return U @ (weights * (U.T @ b))
-
-    def range_part(self, c: Tensor) -> Tensor:
-        """U_r U_r^T c: the part of c that J can reach (c itself when J has full row rank)."""
-        U = self.basis
-        weights = self.keep.to(c.dtype) if c.dim() == 1 else self.keep.to(c.dtype)[:, None]
-        return U @ (weights * (U.T @ c))
-
-    def pinv_norm_sq(self, c: Tensor) -> Tensor:
-        """||J^+ c||^2 = c^T G^+ c (no pass over J)."""
-        return (self.inverse * (self.basis.T @ c) ** 2).sum()
+    def decode(cls, counts: tuple[float, float], m: int) -> "RefinementPlan":
+        """The plan from :func:`refinement_counts` read on the host."""
+        steps, residual = int(counts[0]), bool(counts[1])
+        if steps > max_refinements(m):
+            return cls(0, True, exact_gram=True)
+        return cls(steps, residual)
 
 
-@dataclass
-class PivotedGramFactor(GramFactor):
-    """A :class:`GramFactor` by a pivoted Cholesky factorization on the host (``from_pivoted_cholesky``):
-    no eigenvector basis (basis, inverse and keep are None); the tensor methods run the host ones."""
+def refinement_counts(factor: GramFactor, n: int, dtype: torch.dtype) -> Tensor:
+    r"""The refinement decision as a float64 tensor (2,), read with one host sync by the caller
+    (:meth:`RefinementPlan.decode`): [k, exact residual], k the fewest refinement steps with the Gram of
+    :func:`gram` that reach ``TARGET_ERROR`` (``max_refinements(m) + 1`` when none does: the exact Gram).
 
-    host: HostCholesky | None = None
-
-    @property
-    def size(self) -> int:
-        return self.host.order.shape[0]
-
-    @property
-    def rank(self) -> Tensor:
-        return torch.tensor(self.host.rank)
-
-    def solve(self, b: Tensor) -> Tensor:
-        return torch.from_numpy(self.host.solve(b.numpy()))
-
-    def range_part(self, c: Tensor) -> Tensor:
-        return torch.from_numpy(self.host.range_part(c.numpy()))
-
-    def pinv_norm_sq(self, c: Tensor) -> Tensor:
-        return _host_scalar(self.host.pinv_norm_sq(c.numpy()))
-
-
-_QUIET = np.errstate(over="ignore", invalid="ignore", divide="ignore")
-"""Host-path arithmetic overflows to inf/NaN silently, as torch's does (a diverging run is reported by
-the step's finiteness checks, not by NumPy warnings)."""
-
-
-@dataclass
-class HostFactor:
-    """A :class:`GramFactor`'s data as NumPy arrays (float64), for the host path on CPU tensors:
-    the same formulas as the tensor methods, without a torch dispatch per operation."""
-
-    basis: np.ndarray
-    inverse: np.ndarray
-    keep: np.ndarray
-    """the kept eigenvalues as 1.0 / 0.0"""
-    condition: float
-
-    @property
-    def rank(self) -> int:
-        """The numerical rank r (the number of kept eigenvalues)."""
-        return int(np.count_nonzero(self.keep))
-
-    @_QUIET
-    def solve(self, b: np.ndarray) -> np.ndarray:
-        """G^+ b for b of shape (m,) or (m, k)."""
-        U = self.basis
-        weights = self.inverse if b.ndim == 1 else self.inverse[:, None]
-        return U @ (weights * (U.T @ b))
-
-    @_QUIET
-    def range_part(self, c: np.ndarray) -> np.ndarray:
-        """U_r U_r^T c."""
-        U = self.basis
-        weights = self.keep if c.ndim == 1 else self.keep[:, None]
-        return U @ (weights * (U.T @ c))
-
-    @_QUIET
-    def pinv_norm_sq(self, c: np.ndarray) -> float:
-        """c^T G^+ c."""
-        return float((self.inverse * (self.basis.T @ c) ** 2).sum())
-
-
-def _host_scalar(value: float) -> Tensor:
-    """A 0-dim float64 CPU tensor (from a NumPy scalar: cheaper than ``torch.tensor``)."""
-    return torch.from_numpy(np.asarray(value, dtype=np.float64))
-
-
-def host_norm(x: np.ndarray) -> float:
-    """The 2-norm of a float64 vector, sqrt(x . x) (``np.linalg.norm``'s formula without its overhead)."""
-    return math.sqrt(float(x @ x))
-
-
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
-
-
-def to_device(x: np.ndarray, like: Tensor) -> Tensor:
-    """A host float64 array as a tensor of ``like``'s dtype and device (rounded as ``Tensor.to`` rounds)."""
-    target = _NUMPY_DTYPES.get(like.dtype)
-    if target is None or like.device.type != "cpu":
-        return torch.from_numpy(np.ascontiguousarray(x)).to(device=like.device, dtype=like.dtype)
-    return torch.from_numpy(np.ascontiguousarray(x, dtype=target))
-
-
-def host_matvec(J: Tensor, v: Tensor, scaling: Scaling | None = None) -> np.ndarray:
-    """:func:`matvec` as a host float64 array (CPU tensors)."""
-    if scaling is not None:
-        d, scratch = scaling
-        v = torch.mul(d, v, out=scratch)
-    return (J @ (v if v.dtype == J.dtype else v.to(J.dtype))).numpy().astype(np.float64)
-
-
-def host_refinement_code(condition: float, n: int, dtype: torch.dtype, m: int) -> int:
-    """:func:`refinement_code` from a host float cond(G): the same thresholds and weights."""
-    thresholds, weights = _code_thresholds(n, dtype, m)
-    return int(sum(weight for threshold, weight in zip(thresholds, weights) if condition > threshold))
-
-
-def refinement_plan(factor: GramFactor, n: int, dtype: torch.dtype) -> Tensor:
-    r"""The refinement to apply, as a 0-dim int64 tensor (read with one host sync by the caller):
-    ``k >= 0`` refinement steps with the Gram of :func:`gram`, or ``-1``: recompute the Gram with
-    :func:`exact_gram` first (then :func:`exact_refinements` steps).
-
-    float64 data: one step when cond(G) > ``REFINE_ABOVE_CONDITION``, else none. float32 data: each step
-    multiplies the error by :math:`r = \max(\kappa(G)\epsilon_G, \epsilon\sqrt{\kappa(G)})` (the Gram's
-    error; the cancellation in :math:`J^T z`), so the fewest k with :math:`r^{k+1} \le`
-    ``TARGET_ERROR``, if at most ``max_refinements(m)``."""
-    kappa = factor.condition
-    if dtype == torch.float64:
-        return (kappa > REFINE_ABOVE_CONDITION).to(torch.int64)
-    most = max_refinements(factor.size)
-    rate = _contraction(kappa, gram_error(n, dtype, factor.size), torch.finfo(dtype).eps)
-    thresholds = torch.tensor([TARGET_ERROR ** (1.0 / (k + 1)) for k in range(most + 1)],
-                              dtype=rate.dtype, device=rate.device)
-    steps = (rate > thresholds).sum()  # k steps reach TARGET_ERROR iff rate <= thresholds[k]
-    return torch.where(steps > most, -torch.ones_like(steps), steps)
+    float64 data: one step when cond(G) > ``REFINE_ABOVE_CONDITION``, else none, never an exact residual.
+    float32 data: each step multiplies the error by :math:`r = \max(\kappa(G)\epsilon_G,
+    \epsilon\sqrt{\kappa(G)})` (the Gram's error; the cancellation in :math:`J^T z`), so k steps reach
+    ``TARGET_ERROR`` iff :math:`r^{k+1} \le` ``TARGET_ERROR``; the residual is exact where the blocked one's
+    estimated error (:func:`residual_error`) exceeds ``TARGET_ERROR``. Both are comparisons of cond(G)
+    with thresholds computed once per shape on the host (one comparison and one product on the device)."""
+    thresholds, weights = _plan_tensors(n, dtype, factor.size, factor.condition.device)
+    return (factor.condition > thresholds).to(torch.float64) @ weights
 
 
 @functools.lru_cache(maxsize=64)
-def _code_thresholds(n: int, dtype: torch.dtype, m: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(thresholds on cond(G), weights) of :func:`refinement_code` (host floats, cached per shape)."""
+def _plan_thresholds(n: int, dtype: torch.dtype, m: int) -> tuple[float, ...]:
+    """Thresholds on cond(G): k + 1 of the first ``max_refinements(m) + 1`` exceeded means k + 1 steps
+    needed; the last one is the exact residual's."""
     most = max_refinements(m)
     if dtype == torch.float64:
-        # one step above REFINE_ABOVE_CONDITION; never the exact Gram nor the exact residual (exact already)
-        return (REFINE_ABOVE_CONDITION,) + (math.inf,) * (most + 1), (1.0,) + (0.0,) * (most + 1)
+        return (REFINE_ABOVE_CONDITION,) + (math.inf,) * (most + 1)
     gram_eps, eps = gram_error(n, dtype, m), torch.finfo(dtype).eps
     # rate(kappa) = max(kappa gram_eps, eps sqrt(kappa)) > t  <=>  kappa > min(t / gram_eps, (t / eps)^2)
-    steps = [min(t / gram_eps, (t / eps) ** 2)
-             for t in (TARGET_ERROR ** (1.0 / (k + 1)) for k in range(most + 1))]
+    steps = [min(t / gram_eps, (t / eps) ** 2) for t in (TARGET_ERROR ** (1.0 / (k + 1)) for k in range(most + 1))]
     # residual_error(kappa) = eps sqrt(B / n) sqrt(kappa) > TARGET_ERROR
     residual = (TARGET_ERROR / (eps * math.sqrt(min(RESIDUAL_BLOCK, max(n, 1)) / max(n, 1)))) ** 2
-    # plan = f_0 + ... + f_{K-1} - (K + 1) f_K (all K + 1 flags set: -1, the exact Gram); + RESIDUAL_FLAG f_residual
-    weights = (1.0,) * most + (-(most + 1.0),) + (float(RESIDUAL_FLAG),)
-    return tuple(steps) + (residual,), weights
-
-
-def refinement_code(factor: GramFactor, n: int, dtype: torch.dtype) -> Tensor:
-    """``refinement_plan + RESIDUAL_FLAG * exact_residual_needed`` (0-dim int64) from one comparison of cond(G)
-    with thresholds computed on the host: three small ops instead of ~15 (the same decisions; tested)."""
-    kappa = factor.condition
-    thresholds, weights = _code_tensors(n, dtype, factor.size, kappa.device)
-    return ((kappa > thresholds).to(kappa.dtype) @ weights).to(torch.int64)
+    return tuple(steps) + (residual,)
 
 
 @functools.lru_cache(maxsize=64)
-def _code_tensors(n: int, dtype: torch.dtype, m: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    thresholds, weights = _code_thresholds(n, dtype, m)
-    return (torch.tensor(thresholds, dtype=torch.float64, device=device),
-            torch.tensor(weights, dtype=torch.float64, device=device))
-
-
-def _contraction(kappa: Tensor | float, gram_eps: float, eps: float) -> Tensor | float:
-    if isinstance(kappa, Tensor):
-        return torch.maximum(kappa * gram_eps, eps * kappa.sqrt())
-    return max(kappa * gram_eps, eps * math.sqrt(kappa))
+def _plan_tensors(n: int, dtype: torch.dtype, m: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    thresholds = _plan_thresholds(n, dtype, m)
+    weights = torch.zeros(len(thresholds), 2, dtype=torch.float64)
+    weights[:-1, 0] = 1.0  # k = the number of step thresholds exceeded
+    weights[-1, 1] = 1.0  # the exact residual's flag
+    return torch.tensor(thresholds, dtype=torch.float64, device=device), weights.to(device)
 
 
 def exact_refinements(factor: GramFactor, dtype: torch.dtype) -> int:
@@ -659,7 +435,7 @@ def exact_refinements(factor: GramFactor, dtype: torch.dtype) -> int:
     k with :math:`r^{k+1} \le` ``TARGET_ERROR`` for :math:`r = \max(\kappa\epsilon_{64}, \epsilon\sqrt\kappa)`,
     at least one (the cancellation in :math:`J^T z`), at most 4."""
     kappa = float(factor.condition)
-    rate = _contraction(kappa, torch.finfo(torch.float64).eps, torch.finfo(dtype).eps)
+    rate = max(kappa * torch.finfo(torch.float64).eps, torch.finfo(dtype).eps * math.sqrt(kappa))
     if rate >= 1.0:
         return 4
     steps = math.ceil(math.log(TARGET_ERROR) / math.log(rate)) - 1 if rate > 0 else 0
@@ -685,17 +461,15 @@ def merged_step(
     Then :math:`J\,out = -U_r U_r^T (sc)` up to round-off, improved by ``refinements`` steps of iterative
     refinement (residuals from :func:`exact_matvec` with ``workspace``, or from :func:`blocked_matvec`
     when ``exact`` is False; :func:`exact_residual_needed` decides). ``w=None`` means w = 0 (the
-    normal step alone); ``sc`` is :math:`s c` (float64; a NumPy array selects the host path, which needs
-    ``factor.host`` and CPU tensors). Returns ``out`` (J's dtype), which may alias ``w``. ``scratch``: an
+    normal step alone); ``sc`` is :math:`s c` (float64). Returns ``out`` (J's dtype), which may alias ``w``. ``scratch``: an
     n-vector in J's dtype for the refinement's corrections (:func:`refine_`; allocated there when None).
 
     ``scaling = (d, scratch)``: the same with the operator :math:`J D`, D = diag(d), in place of J
     (``factor`` then factors :math:`J D^2 J^T`, :func:`scaled_gram`); it is never formed: its
     products are :math:`J (d \odot v)` and :math:`d \odot (J^T z)`, through the n-vector ``scratch``.
     """
-    host = factor.host if isinstance(sc, np.ndarray) else None
     if w is None:
-        z = factor.solve(sc) if host is None else to_device(host.solve(sc), J)
+        z = factor.solve(sc)
         if scaling is None:
             out.zero_()
             add_rmatvec_(out, J, z, alpha=-1.0)
@@ -704,10 +478,7 @@ def merged_step(
             scratch.addmv_(J.T, z.to(J.dtype), beta=0.0, alpha=-1.0)
             torch.mul(scratch, d, out=out)
     else:
-        if host is None:
-            z = factor.solve(sc + a * matvec(J, w, scaling)).to(J.dtype)
-        else:
-            z = to_device(host.solve(sc + a * host_matvec(J, w, scaling)), J)
+        z = factor.solve(sc + a * matvec(J, w, scaling)).to(J.dtype)
         if scaling is None:
             torch.addmv(w, J.T, z, beta=a, alpha=-1.0, out=out)  # a w - J^T z in one pass
         else:  # a w - d (J^T z)
@@ -742,8 +513,7 @@ def refine_(
     blocked residuals (a well-conditioned J) the product accumulates into ``out`` (measured no less
     accurate there, and two n-vector passes cheaper)."""
     if refinements:
-        host = factor.host if isinstance(sc, np.ndarray) else None
-        target = -factor.range_part(sc) if host is None else -host.range_part(sc)
+        target = -factor.range_part(sc)
         if exact:
             product = functools.partial(exact_matvec, workspace=workspace)
         else:
@@ -757,7 +527,7 @@ def refine_(
             else:
                 d, scaled = scaling
                 Jx = product(J, torch.mul(d, out, out=scaled))
-            z = factor.solve(target - Jx) if host is None else torch.from_numpy(host.solve(target - Jx.numpy()))
+            z = factor.solve(target - Jx)
             add_rmatvec_(out, J, z, scaling=scaling, split=exact, scratch=scratch)
     return out
 
@@ -784,7 +554,7 @@ class NullSpace:
     Attributes:
         jacobian: J (any float dtype), shape (m, n).
         factor: the :class:`GramFactor` of J J^T.
-        refine: the number of refinement steps the projections apply (from :func:`refinement_plan`).
+        refine: the number of refinement steps the projections apply (from :class:`RefinementPlan`).
         exact_residual: whether their residuals need float64 products (:func:`exact_residual_needed`).
     """
 
@@ -800,13 +570,11 @@ class NullSpace:
         if m == 0:
             return cls(jacobian, GramFactor.empty(jacobian.device), 0)
         factor = GramFactor.from_gram(gram(jacobian), rcond)
-        plan = refinement_plan(factor, n, jacobian.dtype)
-        exact = exact_residual_needed(factor, n, jacobian.dtype)
-        steps, exact = (int(v) for v in torch.stack([plan, exact.to(plan.dtype)]).tolist())
-        if steps < 0:
+        plan = RefinementPlan.decode(tuple(refinement_counts(factor, n, jacobian.dtype).tolist()), m)
+        if plan.exact_gram:
             factor = GramFactor.from_gram(exact_gram(jacobian), rcond)
-            steps, exact = exact_refinements(factor, jacobian.dtype), 1
-        return cls(jacobian, factor, steps, bool(exact))
+            return cls(jacobian, factor, exact_refinements(factor, jacobian.dtype), True)
+        return cls(jacobian, factor, plan.steps, plan.exact_residual)
 
     @property
     def rank(self) -> int:

@@ -5,27 +5,26 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from .checks import check_beta, check_betas, check_positive
-from .constrained import (
-    DEFAULT_LR,
+from .constrained import ConstrainedOptimizer, ParamsT, Projection
+from .hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,
+    DEFAULT_LR,
     DEFAULT_MAX_CORRECTIONS,
     DEFAULT_MAX_NORMAL_STEP,
+    DEFAULT_RCOND,
     DEFAULT_RHO,
-    ConstrainedOptimizer,
     MaxNormalStep,
-    ParamsT,
     Precision,
-    Projection,
     Rho,
+    document_projection_args,
 )
-from .nullspace import DEFAULT_RCOND, to_device
 
 
+@document_projection_args
 class SQPHeavyBall(ConstrainedOptimizer):
     r"""SQP-HeavyBall(con): the projected stochastic heavy-ball SQP method (Algorithm 2).
 
@@ -54,18 +53,8 @@ class SQPHeavyBall(ConstrainedOptimizer):
         lr: the step size :math:`\alpha` (read from ``param_groups`` each step: schedulers work).
         momentum: :math:`\beta \in [0, 1)`, per group (the key torch's schedulers cycle, e.g.
             ``OneCycleLR``); ``beta=`` is accepted as its other name (the paper's).
-        rho: normal-step scale :math:`\rho > 0`, or ``"full"`` (the default) for :math:`\rho_k = 1/\alpha_k`:
-            the linearized constraints are then restored in one step (see
-            :class:`~lit_constrained.optim.constrained.ConstrainedOptimizer`). Shared by all groups.
         h: tangential scale h > 0, per group.
-        rcond: relative singular-value cutoff defining the numerical rank of J. Shared.
-        max_normal_step: the safeguard on the normal step: ``"adaptive"`` (the default: a trust radius
-            on the full normal step, adapted from the actual vs linearized decrease of ||c||), a fixed cap
-            relative to ||x||, or ``None`` (see :class:`~lit_constrained.optim.constrained.ConstrainedOptimizer`).
-            Shared.
-        precision: ``"native"`` (n-vectors in the parameters' dtype) or ``"float64"`` (the reference). Shared.
-        constraint_tol, max_corrections: the post-step corrections (not in the papers; 0 corrections is
-            the papers' method): :meth:`~lit_constrained.optim.constrained.ConstrainedOptimizer._correct`. Shared.
+{projection_args}
 
     ``step(closure=None, *, constraints, jacobian, diagnostics=False)``: g is read from ``p.grad``;
     ``constraints`` is c (shape (m,)), ``jacobian`` is J (shape (m, n), flat layout); m = 0 gives heavy-ball
@@ -123,6 +112,7 @@ class SQPHeavyBall(ConstrainedOptimizer):
         return r  # d = v + P r: projected in the merged step
 
 
+@document_projection_args
 class SQPAdam(ConstrainedOptimizer):
     r"""SQP-Adam(con): the projected stochastic Adam SQP method (Algorithm 3).
 
@@ -147,14 +137,8 @@ class SQPAdam(ConstrainedOptimizer):
         lr: the step size :math:`\alpha`.
         betas: :math:`(\beta_1, \beta_2)` in [0, 1), per group.
         eps: :math:`\epsilon`, added inside the square root, per group.
-        rho: normal-step scale, or ``"full"`` (the default) for :math:`\rho_k = 1/\alpha_k`. Shared.
         h: tangential scale, per group.
-        rcond: relative singular-value cutoff defining the numerical rank of J. Shared.
-        max_normal_step: the normal-step safeguard (``"adaptive"``, the default; a cap relative to ||x||;
-            or ``None``). Shared.
-        precision: ``"native"`` or ``"float64"`` (the reference). Shared.
-        constraint_tol, max_corrections: the post-step corrections (not in the papers; 0 corrections is
-            the papers' method): :meth:`~lit_constrained.optim.constrained.ConstrainedOptimizer._correct`. Shared.
+{projection_args}
     """
 
     def __init__(
@@ -195,7 +179,7 @@ class SQPAdam(ConstrainedOptimizer):
                  diagnostics: dict[str, Tensor] | None) -> Tensor:
         k = state["step"]
         r, s = state["momentum"], state["second_moment"]
-        w = self._buffer("direction", tuple(r.shape), r.dtype, r.device)
+        w = self._vector("direction", r)
         blocks = self._group_blocks()
         shared = _shared_momentum(blocks, "betas")
         if shared is not None:
@@ -234,11 +218,8 @@ def projected_gradient_setup(opt: ConstrainedOptimizer, g: Tensor, jacobian: Ten
     """Factor J J^T and form J g (float32 products are enough: P g is projected again in the step).
     A NaN/inf in g shows in J g, one in J in the Gram matrix."""
     factor, finite = opt._factorize(jacobian)
-    if factor.host is not None:  # the host path (CPU tensors): J g as a float64 NumPy array
-        Jg = (jacobian @ g).numpy().astype(np.float64)
-        return Projection(jacobian, factor, finite and bool(np.isfinite(Jg).all()), {"Jg": Jg, "c": c})
     Jg = (jacobian @ g).to(torch.float64)
-    return Projection(jacobian, factor, finite & torch.isfinite(Jg).all(), {"Jg": Jg, "c": c})
+    return Projection(jacobian, factor, finite & torch.isfinite(Jg).all(), c, gradient_product=Jg)
 
 
 def _shared_momentum(blocks: list[tuple[dict[str, Any], slice]], key: str) -> tuple[float, float] | None:
@@ -250,15 +231,13 @@ def _shared_momentum(blocks: list[tuple[dict[str, Any], slice]], key: str) -> tu
 def projected_gradient(opt: ConstrainedOptimizer, projection: Projection, g: Tensor,
                        diagnostics: dict[str, Tensor] | None, scale: float = 1.0) -> Tensor:
     """scale * P g = scale (g - J^T G^+ J g) into a workspace (one pass over J; the scale is free)."""
-    factor, Jg = projection.factor, projection.extras["Jg"]
-    u = opt._buffer("projected_gradient", tuple(g.shape), g.dtype, g.device)
-    if not Jg.size if isinstance(Jg, np.ndarray) else not Jg.numel():
+    factor, Jg = projection.factor, projection.gradient_product
+    u = opt._vector("projected_gradient", g)
+    if not Jg.numel():
         return u.copy_(g) if scale == 1.0 else torch.mul(g, scale, out=u)
     J = projection.jacobian
-    host = isinstance(Jg, np.ndarray)  # the host path
-    y = to_device(factor.host.solve(Jg), J) if host else factor.solve(Jg).to(J.dtype)
+    y = factor.solve(Jg).to(J.dtype)
     torch.addmv(g, J.T, y, beta=scale, alpha=-scale, out=u)
     if diagnostics is not None:  # the KKT multiplier of beta = 0
-        Jg = torch.from_numpy(Jg) if host else Jg
-        diagnostics["multiplier_norm"] = factor.solve(projection.extras["c"] - Jg).norm()
+        diagnostics["multiplier_norm"] = factor.solve(projection.constraints - Jg).norm()
     return u

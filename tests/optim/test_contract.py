@@ -569,10 +569,6 @@ def test_diagnostics_are_0_dim_tensors_only_when_asked_and_not_state(info: Optim
 def test_host_syncs_per_step(info: OptimizerInfo) -> None:
     params = make_params()
     opt = info.make(params)
-    if hasattr(opt, "host_algebra"):
-        # on CPU tensors the m x m algebra runs on the host (no device to wait for); the budget is that of
-        # the device path, which a GPU runs: count it here
-        opt.host_algebra = False
     run(info, opt, 1)  # the first step creates the state
     loss, kwargs = prepare(info, opt, 1)
     with SyncCounter() as syncs:

@@ -9,7 +9,7 @@ import torch
 from torch.func import functional_call
 
 from lit_constrained.optim import constraint_jacobian
-from lit_constrained.optim.flat import add_flat_, numel_real
+from lit_constrained.optim.flat import FlatLayout, numel_real
 from lit_constrained.optim.jacobian import constraint_units, per_sample_jacobian
 
 F64 = torch.float64
@@ -35,11 +35,11 @@ def finite_difference_jacobian(params, constraints, h=1e-6):
     for j in range(n):
         e = torch.zeros(n, dtype=F64)
         e[j] = h
-        add_flat_(params, e)
+        FlatLayout.of(params).add_(params, e)
         plus = constraints().detach()
-        add_flat_(params, -2 * e)
+        FlatLayout.of(params).add_(params, -2 * e)
         minus = constraints().detach()
-        add_flat_(params, e)
+        FlatLayout.of(params).add_(params, e)
         columns.append((plus - minus) / (2 * h))
     return torch.stack(columns, dim=1)
 

@@ -1,5 +1,5 @@
 """The null-space algebra (nullspace.py) against dense float64 references (torch.linalg in float64;
-NumPy only as the host path's input type)."""
+no NumPy)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,20 @@ import torch
 
 from lit_constrained.optim.nullspace import (
     GramFactor,
+    MAX_REFINEMENTS,
     RESIDUAL_BLOCK,
-    RESIDUAL_FLAG,
+    REFINE_ABOVE_CONDITION,
+    TARGET_ERROR,
     NullSpace,
+    RefinementPlan,
     blocked_matvec,
     exact_gram,
     exact_matvec,
     exact_residual_needed,
     gram,
     gram_error,
-    host_refinement_code,
     merged_step,
-    refinement_code,
-    refinement_plan,
+    refinement_counts,
     scaled_chunk_columns,
     scaled_gram,
 )
@@ -104,25 +105,37 @@ def test_exact_residual_only_where_the_blocked_one_cannot_reach_the_target():
     assert not bool(exact_residual_needed(factor(1e12), 100_000, F64))
 
 
+def planned(factor: GramFactor, n: int, dtype: torch.dtype) -> RefinementPlan:
+    return RefinementPlan.decode(tuple(refinement_counts(factor, n, dtype).tolist()), factor.size)
+
+
+def model_plan(cond_gram: float, n: int, dtype: torch.dtype, m: int, most: int) -> tuple[int, bool, bool]:
+    """(steps, exact residual, exact Gram) from the error models themselves: the fewest k with
+    rate^(k+1) <= TARGET_ERROR, rate = max(kappa eps_G, eps sqrt(kappa)); the exact residual where
+    eps sqrt(B / n) sqrt(kappa) > TARGET_ERROR."""
+    if dtype == F64:
+        return int(cond_gram > REFINE_ABOVE_CONDITION), False, False
+    eps = torch.finfo(dtype).eps
+    rate = max(cond_gram * gram_error(n, dtype, m), eps * math.sqrt(cond_gram))
+    k = next((k for k in range(most + 1) if rate ** (k + 1) <= TARGET_ERROR), None)
+    if k is None:
+        return 0, True, True
+    residual = eps * math.sqrt(min(RESIDUAL_BLOCK, n) / n) * math.sqrt(cond_gram) > TARGET_ERROR
+    return k, residual, False
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("n", [1_000, 100_000, 1_000_000])
-def test_refinement_code_is_plan_plus_residual_flag(dtype, n):
-    """The host-precomputed thresholds give the decisions of refinement_plan and exact_residual_needed
-    over a sweep of cond(G) (one comparison instead of evaluating the error models on the device)."""
+def test_refinement_plan_follows_the_error_models(dtype, n):
+    """The thresholds precomputed on the host give the error models' decisions over a sweep of cond(G)
+    (one comparison and one product on the device instead of evaluating the models there)."""
     for cond_gram in torch.logspace(0, 14, 57, dtype=F64).tolist():
         factor = GramFactor.from_gram(torch.diag(torch.tensor([1.0, 0.3, 1.0 / cond_gram], dtype=F64)))
-        expected = int(refinement_plan(factor, n, dtype)) + RESIDUAL_FLAG * int(exact_residual_needed(factor, n, dtype))
-        assert int(refinement_code(factor, n, dtype)) == expected, cond_gram
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, F64])
-@pytest.mark.parametrize("n", [1_000, 100_000, 1_000_000])
-def test_host_refinement_code_is_plan_plus_residual_flag(dtype, n):
-    """The host path's decision from a Python float cond(G) equals the error models' decisions."""
-    for cond_gram in torch.logspace(0, 14, 57, dtype=F64).tolist():
-        factor = GramFactor.from_gram(torch.diag(torch.tensor([1.0, 0.3, 1.0 / cond_gram], dtype=F64)), host=True)
-        expected = int(refinement_plan(factor, n, dtype)) + RESIDUAL_FLAG * int(exact_residual_needed(factor, n, dtype))
-        assert host_refinement_code(factor.host.condition, n, dtype, 3) == expected, cond_gram
+        plan = planned(factor, n, dtype)
+        kappa = float(factor.condition)
+        assert (plan.steps, plan.exact_residual, plan.exact_gram) == model_plan(kappa, n, dtype, 3, MAX_REFINEMENTS), cond_gram
+        if not plan.exact_gram:
+            assert plan.exact_residual == bool(exact_residual_needed(factor, n, dtype))
 
 
 def test_exact_gram_and_exact_matvec_are_float64_accurate_for_float32_data():
@@ -157,28 +170,24 @@ def test_gram_factor_pseudo_inverse_rank_and_singular_values_against_dense():
 
 
 @pytest.mark.parametrize("case", ["rank_deficient", "full_rank", "zero", "negative"])
-def test_host_factor_against_dense_and_the_tensor_factor(case):
-    """GramFactor.from_gram(host=True): the same cutoff, rank and condition as the tensor path (the same
-    IEEE operations), and HostFactor's G^+ b, U_r U_r^T b and b^T G^+ b against a dense pseudo-inverse."""
+def test_factor_against_a_dense_pseudo_inverse(case):
+    """GramFactor's rank, G^+ b (vector and matrix), U_r U_r^T b and b^T G^+ b against a dense
+    pseudo-inverse, including a zero and a negative "Gram" (nothing kept)."""
     J = svd_jacobian(4, 30, 1e3, dtype=F64)
     if case == "rank_deficient":
         J[2] = 0.5 * J[0] + J[1]
     G = {"zero": torch.zeros(4, 4, dtype=F64), "negative": -torch.eye(4, dtype=F64)}.get(case, J @ J.T)
-    host, device = GramFactor.from_gram(G, host=True), GramFactor.from_gram(G)
-    assert host.host is not None and device.host is None
-    assert torch.equal(host.keep, device.keep) and torch.equal(host.inverse, device.inverse)
-    assert float(host.kept_min) == float(device.kept_min) and host.host.condition == float(device.condition)
-    assert int(host.rank) == int(device.rank) == {"rank_deficient": 3, "full_rank": 4}.get(case, 0)
+    factor = GramFactor.from_gram(G)
+    assert int(factor.rank) == {"rank_deficient": 3, "full_rank": 4}.get(case, 0)
     b = torch.randn(4, dtype=F64, generator=torch.Generator().manual_seed(2))
     # (a Gram matrix is PSD: a non-positive largest eigenvalue keeps nothing, G^+ = 0)
     pinv_G = torch.zeros_like(G) if case == "negative" else torch.linalg.pinv(G, hermitian=True, rtol=1e-10)
     range_projector = G @ pinv_G
-    torch.testing.assert_close(torch.from_numpy(host.host.solve(b.numpy())), pinv_G @ b, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(factor.solve(b), pinv_G @ b, rtol=1e-8, atol=1e-10)
     B = torch.stack([b, 2.0 * b], dim=1)
-    torch.testing.assert_close(torch.from_numpy(host.host.solve(B.numpy())), pinv_G @ B, rtol=1e-8, atol=1e-10)
-    torch.testing.assert_close(torch.from_numpy(host.host.range_part(b.numpy())), range_projector @ b,
-                               rtol=1e-10, atol=1e-10)
-    assert host.host.pinv_norm_sq(b.numpy()) == pytest.approx(float(b @ pinv_G @ b), rel=1e-8, abs=1e-12)
+    torch.testing.assert_close(factor.solve(B), pinv_G @ B, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(factor.range_part(b), range_projector @ b, rtol=1e-10, atol=1e-10)
+    assert float(factor.pinv_norm_sq(b)) == pytest.approx(float(b @ pinv_G @ b), rel=1e-8, abs=1e-12)
 
 
 def test_zero_jacobian_has_rank_zero_and_a_zero_pseudo_inverse():
@@ -191,11 +200,11 @@ def test_refinement_plan():
     # float64: one step above cond(G) = 1e3, as the reference path always did
     well = GramFactor.from_gram(torch.diag(torch.tensor([1.0, 0.5], dtype=F64)))
     ill = GramFactor.from_gram(torch.diag(torch.tensor([1.0, 1e-4], dtype=F64)))
-    assert int(refinement_plan(well, 10, F64)) == 0 and int(refinement_plan(ill, 10, F64)) == 1
-    # float32: more steps as cond grows, the exact Gram (-1) when the blocked one cannot resolve J
-    plans = [int(refinement_plan(GramFactor.from_gram(torch.diag(torch.tensor([1.0, 1.0 / k], dtype=F64))),
-                                 100_000, torch.float32)) for k in (1.0, 1e4, 1e8)]
-    assert plans[0] == 0 and plans[1] >= 1 and plans[2] == -1
+    assert planned(well, 10, F64).steps == 0 and planned(ill, 10, F64).steps == 1
+    # float32: more steps as cond grows, the exact Gram when the blocked one cannot resolve J
+    plans = [planned(GramFactor.from_gram(torch.diag(torch.tensor([1.0, 1.0 / k], dtype=F64))), 100_000,
+                     torch.float32) for k in (1.0, 1e4, 1e8)]
+    assert plans[0].steps == 0 and plans[1].steps >= 1 and plans[2].exact_gram
 
 
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
@@ -216,26 +225,25 @@ def test_merged_step_is_a_projected_w_plus_the_minimum_norm_normal_step(dtype):
 
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
 @pytest.mark.parametrize("exact", [True, False])
-def test_host_merged_step_against_dense(dtype, exact):
-    """merged_step with sc as a NumPy array (the host path, refinements with either residual) is
-    a P w - J^+ (s c), against a dense pseudo-inverse; w = None gives -J^+ (s c)."""
+def test_refined_merged_step_against_dense(dtype, exact):
+    """merged_step with refinements (either residual) is a P w - J^+ (s c), against a dense
+    pseudo-inverse; w = None gives -J^+ (s c)."""
     gen = torch.Generator().manual_seed(3)
     J = svd_jacobian(5, 400, 100.0, dtype=dtype)
     w = torch.randn(400, generator=gen, dtype=dtype)
     sc = torch.randn(5, generator=gen, dtype=F64)
-    factor = GramFactor.from_gram(gram(J), host=True)
+    factor = GramFactor.from_gram(gram(J))
     J64 = J.to(F64)
     tol = 1e-12 if dtype == F64 else 1e-5
-    out = merged_step(J, factor, w, 0.3, sc.numpy(), 2, torch.empty_like(w), exact=exact)
+    out = merged_step(J, factor, w, 0.3, sc, 2, torch.empty_like(w), exact=exact)
     expected = 0.3 * dense_projector(J64) @ w.to(F64) - torch.linalg.pinv(J64) @ sc
     torch.testing.assert_close(out.to(F64), expected, rtol=tol, atol=tol * expected.abs().max().item())
-    normal = merged_step(J, factor, None, 0.0, sc.numpy(), 1, torch.empty_like(w), exact=exact)
+    normal = merged_step(J, factor, None, 0.0, sc, 1, torch.empty_like(w), exact=exact)
     torch.testing.assert_close(J64 @ normal.to(F64), -sc, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
-@pytest.mark.parametrize("host", [False, True])
-def test_scaled_merged_step_against_dense(dtype, host):
+def test_scaled_merged_step_against_dense(dtype):
     """merged_step with ``scaling = (d, scratch)`` is a P~ w - J~^+ (s c) for J~ = J diag(d), never formed,
     against a dense pseudo-inverse of the formed float64 J~; w = None gives -J~^+ (s c)."""
     gen = torch.Generator().manual_seed(5)
@@ -244,8 +252,8 @@ def test_scaled_merged_step_against_dense(dtype, host):
     w = torch.randn(400, generator=gen, dtype=dtype)
     sc = torch.randn(5, generator=gen, dtype=F64)
     scaling = (d, torch.empty_like(d))
-    factor = GramFactor.from_gram(scaled_gram(J, d)[0], host=host)
-    rhs = sc.numpy() if host else sc
+    factor = GramFactor.from_gram(scaled_gram(J, d)[0])
+    rhs = sc
     Js = J.to(F64) * d.to(F64)
     tol = 1e-12 if dtype == F64 else 1e-5
     out = merged_step(J, factor, w, 0.3, rhs, 2, torch.empty_like(w), scaling=scaling)
@@ -255,9 +263,8 @@ def test_scaled_merged_step_against_dense(dtype, host):
     torch.testing.assert_close(Js @ normal.to(F64), -sc, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("host", [False, True])
 @pytest.mark.parametrize("cond,exact_gram_path", [(1e3, False), (1e5, True)])
-def test_float32_refinement_reaches_the_rounding_of_the_exact_step(host, cond, exact_gram_path):
+def test_float32_refinement_reaches_the_rounding_of_the_exact_step(cond, exact_gram_path):
     """The float32 normal step -J^+ c after refinement with exact residuals is as accurate as the dense
     float64 solution rounded to float32 (within 10x at cond(J) = 1e3, 20x at 1e5; seed 5, n = 1e5: the
     instance where corrections accumulated inside the product stalled at 100x / 50x that rounding)."""
@@ -267,8 +274,8 @@ def test_float32_refinement_reaches_the_rounding_of_the_exact_step(host, cond, e
     J64 = J.to(F64)
     rounded = (torch.linalg.pinv(J64) @ -sc).float().to(F64)  # the exact step, rounded to float32
     floor = ((J64 @ rounded + sc).norm() / sc.norm()).item()
-    factor = GramFactor.from_gram(exact_gram(J) if exact_gram_path else gram(J), host=host)
-    rhs = sc.numpy() if host else sc
+    factor = GramFactor.from_gram(exact_gram(J) if exact_gram_path else gram(J))
+    rhs = sc
     out = merged_step(J, factor, None, 0.0, rhs, 3, torch.empty(n), exact=True)
     error = ((J64 @ out.to(F64) + sc).norm() / sc.norm()).item()
     assert error <= (10 if cond <= 1e3 else 20) * max(floor, 1e-9), (error, floor)
@@ -303,9 +310,8 @@ def test_large_m_refines_with_the_blocked_gram_before_forming_the_exact_one():
     for cond_gram in (1e3, 1e5, 1.7e6, 1e7, 1e9):
         eigenvalues = torch.ones(m, dtype=F64)
         eigenvalues[-1] = 1.0 / cond_gram
-        factor = GramFactor.from_gram(torch.diag(eigenvalues), host=True)
+        factor = GramFactor.from_gram(torch.diag(eigenvalues))
         rate = max(cond_gram * gram_error(n, torch.float32, m), eps * math.sqrt(cond_gram))
         k = next((k for k in range(LARGE_MAX_REFINEMENTS + 1) if rate ** (k + 1) <= TARGET_ERROR), -1)
-        code = host_refinement_code(factor.host.condition, n, torch.float32, m)
-        assert (code + 2) % RESIDUAL_FLAG - 2 == k, cond_gram  # (decoded as the step does)
-        assert int(refinement_plan(factor, n, torch.float32)) == k
+        plan = planned(factor, n, torch.float32)
+        assert (-1 if plan.exact_gram else plan.steps) == k, cond_gram

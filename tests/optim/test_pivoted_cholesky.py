@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_constrained.optim.nullspace import EIGH_MAX_SIZE, GramFactor
+from lit_constrained.optim.gram_factor import EIGH_MAX_SIZE, GramFactor, PivotedGramFactor
 from lit_constrained.optim.pivoted_cholesky import HostCholesky
 
 F64 = torch.float64
@@ -59,12 +59,13 @@ def test_zero_gram_keeps_nothing():
 
 
 def test_large_host_grams_use_it_and_small_ones_eigh():
-    """GramFactor.from_gram(host=True) switches to the pivoted Cholesky factor above EIGH_MAX_SIZE; its
-    tensor methods (used by the diagnostics and the torch-path products) agree with the eigh factor."""
+    """GramFactor.from_gram switches to the pivoted Cholesky factor for a CPU Gram above EIGH_MAX_SIZE; its
+    tensor methods agree with the eigh factor (GramFactor.from_eigh, the GPU's)."""
     J = jacobian("dependent", m=2 * EIGH_MAX_SIZE + 2)
     G = J @ J.T
-    large, reference = GramFactor.from_gram(G, host=True), GramFactor.from_gram(G)
-    assert isinstance(large.host, HostCholesky) and large.basis is None and reference.basis is not None
+    large, reference = GramFactor.from_gram(G), GramFactor.from_eigh(G)
+    assert isinstance(large, PivotedGramFactor) and isinstance(large.cholesky, HostCholesky)
+    assert large.basis is None and reference.basis is not None
     assert int(large.rank) == int(reference.rank) == EIGH_MAX_SIZE + 1
     assert large.size == reference.size == G.shape[0]
     b = torch.randn(G.shape[0], dtype=F64, generator=torch.Generator().manual_seed(3))
@@ -73,7 +74,7 @@ def test_large_host_grams_use_it_and_small_ones_eigh():
     assert float(large.pinv_norm_sq(b)) == pytest.approx(float(reference.pinv_norm_sq(b)), rel=1e-9)
     assert float(large.smallest_singular_value) == pytest.approx(float(reference.smallest_singular_value), rel=0.3)
     small = J[:EIGH_MAX_SIZE]
-    assert isinstance(GramFactor.from_gram(small @ small.T, host=True).basis, torch.Tensor)
+    assert isinstance(GramFactor.from_gram(small @ small.T).basis, torch.Tensor)
 
 
 def test_the_kept_part_obeys_the_singular_value_cutoff():

@@ -315,11 +315,11 @@ def test_sqp_adam_step_satisfies_the_linearized_constraints() -> None:
     assert float(d.norm()) > 0
     torch.testing.assert_close(J @ d, -rho * c, rtol=1e-7, atol=1e-9)
     # the parameters moved along d: c(x0 + t d) - c(x0) - t J d = O(t^2) (the layouts agree)
-    from lit_constrained.optim.flat import add_flat_
+    from lit_constrained.optim.flat import FlatLayout
 
     def remainder(t: float) -> float:
         with torch.no_grad():
-            add_flat_(params, x0 + t * d - gather([p.detach() for p in params], params, torch.float64))
+            FlatLayout.of(params).add_(params, x0 + t * d - gather([p.detach() for p in params], params, torch.float64))
             return float((task.constraints(batch) - c - t * (J @ d)).abs().max())
 
     # (a wrong J d would leave an O(t) remainder: the ratio would be ~10, not ~100)

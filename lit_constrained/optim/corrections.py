@@ -1,0 +1,128 @@
+r"""Feasibility held to a tolerance (``../shared/spec/algorithms.md`` section 8): bounded Gauss-Newton
+corrections after a step, with the step's own factorization.
+
+After the step :math:`x^+ = x_k + \Delta_k`, at most K = ``max_corrections`` times while
+:math:`\max|c(x^+)| > \text{tol}`,
+
+.. math::
+    x^+ \leftarrow x^+ + T\big(-\tilde J_k^+ c(x^+)\big) = x^+ - T \tilde J_k^T \tilde G_k^+ c(x^+)
+
+(J at :math:`x_k`: a second-order correction, no new Jacobian; T and :math:`\tilde J` as in the step, so
+:math:`J_k \Delta x = -c(x^+)`), the same refinements, and only c re-evaluated. tol =
+``constraint_tol`` * max(max :math:`|c_1|`, 1). The loop stops early when a correction leaves max |c|
+above ``CORRECTION_STALL`` times the previous one (the residual's rounding floor); a correction that
+increased max |c| is undone.
+
+Step acceptance: when after the corrections max |c| is still above max(``BACKTRACK_ABOVE_TOL`` tol,
+``BACKTRACK_GROWTH`` max :math:`|c_k|`) (the step's curvature outran the linearization), the step is
+halved, :math:`x^+ = x_k + \tau \Delta_k` with :math:`\tau = 1/2, 1/4, ...` (at most ``MAX_BACKTRACKS``
+times; the optimizer's state keeps the full step's update), and corrected again. Each evaluation is one
+host read of max |c| (the decisions are the same on every rank: c is).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .projection import Projector
+
+BACKTRACK_ABOVE_TOL = 10.0
+BACKTRACK_GROWTH = 2.0
+MAX_BACKTRACKS = 3
+"""Step acceptance: a step whose corrected max |c| exceeds max(10 tol, 2 max |c_k|) is halved, at most 3
+times (to 1/8 of the step)."""
+CORRECTION_STALL = 0.5
+"""The corrections stop when one leaves max |c| above this fraction of the previous max |c| (the
+rounding floor of the residual is reached: more corrections would only cost forwards)."""
+
+
+@dataclass
+class Corrected:
+    """The outcome: corrections ``taken``, the ``step_fraction`` tau kept, and the last evaluated max |c|
+    (``violation``; NaN where the last change was not evaluated after)."""
+
+    taken: int = 0
+    step_fraction: float = 1.0
+    violation: float = math.nan
+
+
+def evaluated_constraints(evaluate: Callable[[], Tensor], m: int) -> Tensor:
+    """c from the constraint closure, checked for its shape."""
+    c = evaluate()
+    if not isinstance(c, Tensor) or c.shape != (m,):
+        shape = tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__
+        raise ValueError(
+            f"constraint_closure returned {shape}, expected a tensor of shape ({m},): the constraints "
+            "of this step at the updated parameters."
+        )
+    return c.detach()
+
+
+def max_violation(evaluate: Callable[[], Tensor], m: int) -> float:
+    return float(evaluated_constraints(evaluate, m).abs().max())
+
+
+def hold_feasibility(
+    evaluate: Callable[[], Tensor],
+    projector: Projector,
+    to_x: Callable[[Tensor], Tensor],
+    apply: Callable[[Tensor], None],
+    delta: Tensor,
+    tol: float,
+    violation_before: float,
+    max_corrections: int,
+    buffers: Callable[[str], Tensor],
+) -> Corrected:
+    """Correct the step ``delta`` (already applied by the caller) toward max |c| <= ``tol``.
+
+    ``to_x`` maps a correction from the projection variables to x in place, ``apply`` adds an x-vector to
+    the parameters, ``buffers(name)`` returns a persistent n-vector of J's dtype."""
+    m = projector.jacobian.shape[0]
+    result = Corrected()
+    accept_below = max(BACKTRACK_ABOVE_TOL * tol, BACKTRACK_GROWTH * violation_before)
+    applied = buffers("corrections_applied").zero_()
+    for backtrack in range(MAX_BACKTRACKS + 1):
+        taken, result.violation = _corrections(evaluate, projector, to_x, apply, tol, max_corrections,
+                                               applied, buffers("correction_step"))
+        result.taken += taken
+        if backtrack == MAX_BACKTRACKS:
+            break
+        if math.isnan(result.violation):
+            result.violation = max_violation(evaluate, m)
+        if result.violation <= accept_below:
+            break
+        # back to x_k + (tau / 2) Delta_k: remove the corrections and half of what is left of the step
+        apply(applied.add_(delta, alpha=result.step_fraction / 2).neg_())
+        applied.zero_()
+        result.step_fraction /= 2
+        result.violation = math.nan
+    return result
+
+
+def _corrections(
+    evaluate: Callable[[], Tensor], projector: Projector, to_x: Callable[[Tensor], Tensor],
+    apply: Callable[[Tensor], None], tol: float, max_corrections: int, applied: Tensor, correction: Tensor,
+) -> tuple[int, float]:
+    """The correction loop (each correction also added to ``applied``): the number taken and the last
+    evaluated max |c| (NaN when the last correction was not evaluated after)."""
+    m = projector.jacobian.shape[0]
+    taken, previous, violation = 0, math.inf, math.nan
+    for _ in range(max_corrections):
+        c = evaluated_constraints(evaluate, m)
+        violation = float(c.abs().max())
+        if taken and not violation <= previous:  # the last correction made it worse (or NaN): undo it
+            apply(correction.neg_())
+            applied.add_(correction)
+            return taken - 1, previous
+        if not violation > tol or violation > CORRECTION_STALL * previous:
+            return taken, violation
+        projector.normal(c.to(torch.float64), correction)
+        apply(to_x(correction))
+        applied.add_(correction)
+        taken, previous, violation = taken + 1, violation, math.nan
+    return taken, violation
