@@ -146,6 +146,9 @@ class StepInputs:
     jacobian: Tensor
     state: dict[str, Any]
     loss: Any = None
+    finite: Tensor | None = None
+    """0-dim bool: further inputs of an optimizer (SQP-MoMo's loss and <g, x>) are finite; joins the
+    step's one host read."""
 
     @property
     def m(self) -> int:
@@ -423,6 +426,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
         g, c, J = inputs.g, inputs.c, inputs.jacobian
         m, n = J.shape
         finite = projection.finite & torch.isfinite(c).all()
+        if inputs.finite is not None:
+            finite = finite & inputs.finite
         if m == 0:
             finite = finite & torch.isfinite(torch.dot(g, g))
             if not bool(finite):

@@ -129,25 +129,25 @@ tangential step :math:`-\mathrm{diag}(\tau_i) P_k d_k` is projected on :math:`\m
 (:math:`\tilde P_k` in the scaled variable), so :math:`J_k \Delta x = J_k n_k` still holds. ``eps``
 (SQP-MoMo-Adam) is per group. A numeric ``rho`` scales the normal step by the lr of group 0.
 
-**Why this is not a** :class:`~lit_constrained.optim.constrained.ConstrainedOptimizer` **subclass.** That
-base class composes :math:`\Delta x = T(\alpha \tilde P w - s \tilde J^+ c)` with the lr a Python float
-from ``param_groups`` and asks its subclasses for w before it computes the (safeguarded) normal step;
-MoMo's :math:`\tau_k` is a device scalar that depends on that normal step
-(:math:`\langle d_k, n_k\rangle`), on :math:`\|P_k d_k\|^2` and on the loss. So the step is composed here,
-from the same factorization (:class:`~lit_constrained.optim.nullspace.NullSpace`: rank-revealing,
-float64 m x m algebra, iterative refinement) and the same flat layout and checks.
+**Built on the projected-step kernel.** These are
+:class:`~lit_constrained.optim.constrained.ConstrainedOptimizer` subclasses: the flat layout, the input
+checks, the factorization (rank-revealing, float64 m x m algebra, iterative refinement), the one host read,
+the normal-step safeguard, the post-step corrections and the diagnostics are the kernel's. Only the
+composition differs (``_compose``): MoMo's :math:`\tau_k` is a device scalar that depends on the
+(safeguarded) normal step (:math:`\langle d_k, n_k\rangle`), on :math:`\|P_k d_k\|^2` and on the loss, so
+the tangential part is formed explicitly, :math:`P_k d_k` by the step's projector.
 
 **Cost.** Per step: one factorization of :math:`J J^T` (:math:`\tilde J \tilde J^T`), :math:`P d` (two
 passes over J) and :math:`J^+ c` (one pass): one pass more than SQP-HeavyBall's merged step, for the exact
 :math:`\|P d\|^2` (from the explicit projection, not the cancellation-prone
 :math:`\|d\|^2 - (Jd)^T G^+ (Jd)`).
 
-**Normal-step safeguard.** ``max_normal_step``: ``None`` (the default: the full normal step) or a number
-r that caps :math:`\|n_k\| \le r\,\|x_k\|` (the step is then still exact for the capped normal step).
-The adaptive trust radius of the other constrained optimizers is not offered here.
+**Normal-step safeguard and corrections**: those of the kernel (``max_normal_step="adaptive"``, the
+default, a trust radius on the full normal step; ``constraint_tol`` / ``max_corrections``); the step is
+exact for the capped normal step.
 
 torch.optim conventions: every hyperparameter in ``defaults`` and each group; ``step(closure, *,
-constraints=None, jacobian=None, diagnostics=False)``, the closure returns the (already back-propagated)
+constraints=None, jacobian=None, diagnostics=False, constraint_closure=None)``, the closure returns the (already back-propagated)
 loss, g is read from ``p.grad`` (a parameter without grad takes part with g = 0: the projection needs all
 of x); c has shape (m,), J shape (m, n) in the flat layout (:mod:`~lit_constrained.optim.flat`).
 ``optimizer.diagnostics`` (0-dim tensors, only on steps called with ``diagnostics=True``): ``tau``
@@ -166,118 +166,60 @@ one in the factorization's refinement decision).
 
 from __future__ import annotations
 
-import math
-from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Any, Literal, Union
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
-from torch.optim import Optimizer
-from torch.optim.optimizer import ParamsT
 
-from .autocast import outside_autocast
-from .checks import (
-    check_beta, check_betas, check_constraint_inputs, check_finite, check_lr, check_positive, check_shared_keys,
-    loss_from_closure,
+from .checks import check_beta, check_betas, check_finite, check_positive, loss_from_closure
+from .constrained import Composed, ConstrainedOptimizer, ParamsT, Projection, StepInputs
+from .hyperparameters import (
+    DEFAULT_CONSTRAINT_TOL,
+    DEFAULT_MAX_CORRECTIONS,
+    DEFAULT_MAX_NORMAL_STEP,
+    DEFAULT_RCOND,
+    SHARED_KEYS,
+    MaxNormalStep,
+    Precision,
+    Rho,
+    check_flag,
+    document_projection_args,
 )
-from .flat import block_sizes, group_params, real_view
-from .nullspace import DEFAULT_RCOND, NullSpace
+from .momo import adaptive_step, estimate_lower_bound, reset_lower_bound
+from .projection import Projector
+from .safeguard import normal_step_scale
 
-Rho = Union[float, Literal["full"]]
-Precision = Literal["native", "float64"]
 Geometry = Literal["adam", "euclidean"]
 
-STATE_KEY = "flat"
-"""The ``optimizer.state`` key of the flat state (as the other constrained optimizers)."""
+
+@dataclass
+class LossModelInputs:
+    """The loss side of a step: the closure's value, f (0-dim float64), x (flat, working dtype) and
+    <g, x> (0-dim float64)."""
+
+    value: Any
+    f: Tensor
+    x: Tensor
+    gx: Tensor
 
 
-def _check_rho(rho: Rho) -> None:
-    if rho == "full":
-        return
-    if isinstance(rho, (str, bool)) or not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
-        raise ValueError(f"Invalid rho={rho!r}: a number > 0, or 'full' for the full normal step (rho_k = 1/lr_k).")
+class _SQPMoMoBase(ConstrainedOptimizer):
+    """The composition shared by :class:`SQPMoMo` and :class:`SQPMoMoAdam` (see the module docstring)."""
 
-
-def _check_cap(value: float | None) -> None:
-    if value is None:
-        return
-    if isinstance(value, (str, bool)) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(
-            f"Invalid max_normal_step={value!r}: a number > 0 (a cap on ||n|| relative to ||x||) or None (no cap)."
-        )
-
-
-def _check_flag(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"Invalid {name}={value!r}: it must be True or False.")
-
-
-def model_step(
-    *,
-    lr: float,
-    rho: float,
-    constant: Tensor,
-    slope_norm_sq: Tensor,
-    lower_bound: Tensor,
-) -> tuple[Tensor, Tensor]:
-    r"""``(tau, zeta)``: :math:`\zeta = (c - \rho f^*)_+ / \|s\|^2` (0 when the slope s is 0) and
-    :math:`\tau = \min\{\alpha/\rho, \zeta\}`, with :math:`c = h_k + \langle d_k, n_k\rangle` the model's
-    constant and :math:`\|s\|^2 = \|P_k d_k\|^2` (Lemma B.1 on :math:`\mathrm{null}(J_k)`). 0-dim tensors."""
-    positive = slope_norm_sq > 0.0
-    gap = (constant - rho * lower_bound).clamp_min(0.0)
-    zeta = torch.where(positive, gap / torch.where(positive, slope_norm_sq, 1.0), 0.0)
-    return zeta.clamp(max=lr / rho), zeta
-
-
-class _SQPMoMoBase(Optimizer, ABC):
-    """The step shared by :class:`SQPMoMo` and :class:`SQPMoMoAdam` (see the module docstring)."""
-
-    requires = frozenset({"constraints", "jacobian"})
-    shared_keys: tuple[str, ...] = (
-        "lower_bound", "estimate_lower_bound", "rho", "rcond", "max_normal_step", "precision",
-    )
-
-    def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
-        self._check_group(defaults)
-        super().__init__(params, defaults)
-        self.diagnostics: dict[str, Tensor] = {}
-        self._check_groups()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self.__dict__.setdefault("diagnostics", {})
+    shared_keys: tuple[str, ...] = SHARED_KEYS + ("lower_bound", "estimate_lower_bound")
 
     # ------------------------------------------------------------------ hyperparameters
     def _check_group(self, group: dict[str, Any]) -> None:
-        check_lr(group["lr"])
-        _check_rho(group["rho"])
-        check_positive("rcond", group["rcond"])
-        _check_cap(group["max_normal_step"])
-        if group["precision"] not in ("native", "float64"):
-            raise ValueError(
-                f"Invalid precision={group['precision']!r}: 'native' (the parameters' dtype) or 'float64'."
-            )
+        super()._check_group(group)
         lower = group["lower_bound"]
-        if isinstance(lower, bool) or not (isinstance(lower, (int, float)) and math.isfinite(lower)):
+        if isinstance(lower, bool) or not (isinstance(lower, (int, float)) and torch.isfinite(torch.tensor(lower))):
             raise ValueError(
                 f"Invalid lower_bound={lower!r}: a finite number (a lower bound of the loss; 0 for "
                 "non-negative losses; a very negative number switches the adaptive step off)."
             )
-        _check_flag("estimate_lower_bound", group["estimate_lower_bound"])
-
-    def _check_groups(self) -> None:
-        for group in self.param_groups:
-            self._check_group(group)
-        check_shared_keys(
-            type(self).__name__, self.param_groups, self.shared_keys,
-            "the one model of the loss / the one projection",
-        )
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        super().add_param_group(param_group)
-        if hasattr(self, "diagnostics"):
-            self._check_groups()
+        check_flag("estimate_lower_bound", group["estimate_lower_bound"])
 
     # ------------------------------------------------------------------ subclass hooks
     @abstractmethod
@@ -297,12 +239,13 @@ class _SQPMoMoBase(Optimizer, ABC):
         """The state keys of the moments, the momentum average d first."""
 
     @abstractmethod
-    def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, k: int, weight: float) -> None:
+    def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, weight: float) -> None:
         """Update the moments in place: the momentum with the new gradient g, a second moment with
-        ``g_second`` (g, or :math:`P_k g` in the Euclidean geometry)."""
+        ``g_second`` (:math:`P_k g` in the Euclidean geometry; unused by the D-norm prox, whose second
+        moment ``_prepare`` formed)."""
 
-    def _scaling(self, state: dict[str, Any], k: int) -> Tensor | None:
-        r""":math:`D_k^{-1/2}` as an n-vector (None for D = I)."""
+    def _metric_scaling(self, state: dict[str, Any], k: int, second_moment: Tensor | None = None) -> Tensor | None:
+        r""":math:`D_k^{-1/2}` as an n-vector (None for D = I), from ``second_moment`` (the state's when None)."""
         return None
 
     def _euclidean_metric(self) -> bool:
@@ -310,211 +253,11 @@ class _SQPMoMoBase(Optimizer, ABC):
         metric :math:`(Z^T D^{-1} Z)^{-1}` on null(J) with D from the projected gradients."""
         return False
 
-    # ------------------------------------------------------------------ the step
-    def _working_dtype(self, params: list[Tensor]) -> torch.dtype:
-        if self.param_groups[0]["precision"] == "float64":
-            return torch.float64
-        dtype = torch.float32
-        for p in params:
-            dtype = torch.promote_types(dtype, real_view(p).dtype)
-        return dtype if dtype.is_floating_point else torch.float32
+    def _scaled_variable(self) -> bool:
+        """The exact D-norm prox: the projection Jacobian is :math:`J D^{-1/2}` (SQP-MoMo-Adam, ``"adam"``)."""
+        return False
 
-    @staticmethod
-    def _flat(tensors: list[Tensor | None], params: list[Tensor], dtype: torch.dtype) -> Tensor:
-        pieces = []
-        for t, p in zip(tensors, params):
-            if t is None:
-                pieces.append(torch.zeros(real_view(p).numel(), dtype=dtype, device=p.device))
-            else:
-                if t.is_sparse:
-                    raise ValueError("SQP-MoMo does not support sparse gradients.")
-                pieces.append(real_view(t.detach()).reshape(-1).to(dtype))
-        return torch.cat(pieces)
-
-    def _checked_inputs(
-        self, constraints: Tensor | None, jacobian: Tensor | None, n: int, dtype: torch.dtype, device: torch.device
-    ) -> tuple[Tensor, Tensor]:
-        check_constraint_inputs(type(self).__name__, constraints, jacobian, n)
-        if constraints is None or jacobian is None:
-            return torch.zeros(0, dtype=torch.float64, device=device), torch.zeros(0, n, dtype=dtype, device=device)
-        return constraints.detach().to(device=device, dtype=torch.float64), jacobian.detach().to(device=device, dtype=dtype)
-
-    @outside_autocast
-    @torch.no_grad()
-    def step(
-        self,
-        closure: Callable[[], Any] | None = None,
-        *,
-        constraints: Tensor | None = None,
-        jacobian: Tensor | None = None,
-        diagnostics: bool = False,
-    ) -> Any:
-        """One step. ``closure`` returns the loss value (called once, under grad mode); g is read from
-        ``p.grad``; ``constraints`` is c (shape (m,), ``None`` for m = 0) and ``jacobian`` J (shape (m, n),
-        flat layout). Returns the closure's value."""
-        self.diagnostics = {}
-        value, loss = loss_from_closure(type(self).__name__, closure, "step(closure, constraints=c, jacobian=J)")
-        self._check_groups()
-        params = group_params(self.param_groups)
-        if not params:
-            return value
-        device = params[0].device
-        dtype = self._working_dtype(params)
-        n = sum(block_sizes(params))
-        x = self._flat([p for p in params], params, dtype)
-        g = self._flat([p.grad for p in params], params, dtype)
-        c, J = self._checked_inputs(constraints, jacobian, n, dtype, device)
-        m = c.numel()
-        f = loss.detach().reshape(()).to(device=device, dtype=torch.float64)
-        gx = torch.dot(g, x).to(torch.float64)
-
-        # the one host sync of the checks, before anything changes
-        finite = torch.isfinite(f) & torch.isfinite(gx)
-        if m:
-            finite = finite & torch.isfinite(c).all() & torch.isfinite(J.sum(dtype=torch.float64))
-        if not bool(finite):
-            self._raise_nonfinite(f, g, c, J)
-
-        state = self.state[STATE_KEY]
-        if not state:
-            state.update(self._init_state(n, device, dtype))
-        elif state.get("n", n) != n:
-            raise ValueError(
-                f"The number of parameters changed from {state['n']} to {n} since the first step; "
-                "create a new optimizer after adding parameter groups."
-            )
-        for key in self._moment_keys():  # moments loaded from another precision: cast once
-            if state[key].dtype != dtype:
-                state[key] = state[key].to(dtype)
-
-        first = self.param_groups[0]
-        k = int(state["step"]) + 1
-        rho_k = self._rho(k)
-        weight = self._weight(k)
-        floor = float(first["lower_bound"])
-        estimate = bool(first["estimate_lower_bound"])
-        scalar = lambda v: torch.as_tensor(v, dtype=torch.float64, device=device)  # noqa: E731
-        f_star = state["lower_bound"] if estimate else scalar(floor)
-
-        # 1. the loss model: averages and moments (the Euclidean geometry's second moment is of P_k g_k)
-        loss_avg = state["loss_avg"] + weight * (f - state["loss_avg"])
-        gamma = state["gamma"] + weight * (gx - state["gamma"])
-        euclidean = self._euclidean_metric()
-        space = NullSpace.from_jacobian(J, float(first["rcond"])) if euclidean else None
-        g_second = space.project(g).to(dtype) if euclidean and m else g
-        self._update_moments(state, g, g_second, k, weight)
-        d = state[self._moment_keys()[0]]
-        h = loss_avg + torch.dot(d, x).to(torch.float64) - gamma
-
-        # 2. the projection. slope: the vector whose squared norm is the prox's slope norm; direction: the
-        #    tangential direction in the working variable (u = D^{1/2} z for the exact D-norm prox, x else)
-        scaling = self._scaling(state, k)  # D^{-1/2} or None
-        if scaling is None:  # D = I (SQP-MoMo)
-            space = NullSpace.from_jacobian(J, float(first["rcond"]))
-            slope = space.project(d).to(dtype) if m else d.clone()
-            direction = slope
-        elif euclidean:  # metric (Z^T D^{-1} Z)^{-1} on null(J): direction P D^{-1} P d
-            projected = space.project(d).to(dtype) if m else d.clone()
-            slope = projected * scaling  # D^{-1/2} P d
-            direction = space.project(slope * scaling).to(dtype) if m else slope * scaling
-        else:  # the exact D-norm prox, in the scaled variable u = D^{1/2} z
-            space = NullSpace.from_jacobian(J * scaling, float(first["rcond"]))
-            w = d * scaling
-            slope = space.project(w).to(dtype) if m else w
-            direction = slope
-        scaled_variable = scaling is not None and not euclidean
-        slope_norm_sq = torch.dot(slope, slope).to(torch.float64)
-
-        lrs = [float(group["lr"]) for group in self.param_groups]
-        rho = first["rho"]
-        s = 1.0 if rho == "full" else lrs[0] * float(rho)
-        if m:
-            normal = space.pseudo_solve(c).to(dtype).mul_(-s)  # -s J^+ c (J~^+ c in the scaled variable)
-            normal_x = normal * scaling if scaled_variable else normal
-            normal_norm = normal_x.norm().to(torch.float64)
-            cap = first["max_normal_step"]
-            if cap is not None:
-                limit = float(cap) * x.norm().to(torch.float64)
-                shrink = torch.where(normal_norm > limit, limit / normal_norm.clamp_min(1e-300), 1.0)
-                normal.mul_(shrink.to(dtype))
-                normal_x = normal * scaling if scaled_variable else normal
-                normal_norm = normal_norm * shrink
-            d_dot_n = torch.dot(d, normal_x).to(torch.float64)
-        else:
-            normal = None
-            normal_x = None
-            normal_norm = scalar(0.0)
-            d_dot_n = scalar(0.0)
-        constant = h + d_dot_n
-
-        # 3. ResetStar, step sizes, the step
-        if estimate:
-            lowered = (constant / (2.0 * rho_k)).clamp_min(floor)
-            f_star = torch.where(rho_k * f_star >= constant, lowered, f_star)
-        taus, zeta = [], scalar(0.0)
-        for lr in lrs:
-            tau, zeta = model_step(lr=lr, rho=rho_k, constant=constant, slope_norm_sq=slope_norm_sq,
-                                   lower_bound=f_star)
-            taus.append(tau)
-        delta = self._tangential(direction, taus, lrs, space, m, dtype)
-        if normal is not None:
-            delta.add_(normal)
-        if scaled_variable:
-            delta.mul_(scaling)
-        self._add_to_params(params, delta)
-
-        # 4. EstimateStar, state, diagnostics
-        used = f_star
-        if estimate:
-            tau_norm = self._tau_slope_norm(slope, taus, lrs)
-            f_star = ((constant - 0.5 * tau_norm) / rho_k).clamp_min(floor)
-        state.update(step=k, n=n, loss_avg=loss_avg, gamma=gamma, lower_bound=f_star)
-        if diagnostics:
-            record = {"zeta": zeta, "lower_bound_used": used, "normal_inner_product": d_dot_n,
-                      "projected_direction_norm": slope_norm_sq.sqrt(), "normal_step_norm": normal_norm,
-                      "step_norm": delta.norm().to(torch.float64),
-                      "violation_max": c.abs().max() if m else scalar(0.0)}
-            several = len(self.param_groups) > 1
-            for i, tau in enumerate(taus):
-                record[f"tau/group{i}" if several else "tau"] = tau
-            if m:
-                record["rank"] = scalar(float(space.rank))
-                target = J @ normal_x
-                record["linearized_feasibility_error"] = (
-                    (J @ delta - target).norm() / target.norm().clamp_min(1e-300)
-                ).to(torch.float64)
-            self.diagnostics = record
-        return value
-
-    def _tangential(
-        self, p: Tensor, taus: list[Tensor], lrs: list[float], space: NullSpace, m: int, dtype: torch.dtype
-    ) -> Tensor:
-        r""":math:`-\tau P d` (one lr), or :math:`\tilde P(-\mathrm{diag}(\tau_i) P d)` for groups with
-        different lrs (projected again so that it stays in the null space)."""
-        if all(lr == lrs[0] for lr in lrs):
-            return p * (-taus[0]).to(dtype)
-        out = torch.empty_like(p)
-        for (group, block), tau in zip(self._group_blocks(), taus):
-            torch.mul(p[block], (-tau).to(dtype), out=out[block])
-        return space.project(out).to(dtype) if m else out
-
-    def _tau_slope_norm(self, p: Tensor, taus: list[Tensor], lrs: list[float]) -> Tensor:
-        r""":math:`\tau_k \|P d\|^2`, or :math:`\sum_i \tau_i \|(P d)_i\|^2` over groups (as MoMo)."""
-        if all(lr == lrs[0] for lr in lrs):
-            return taus[0] * torch.dot(p, p).to(torch.float64)
-        total = torch.zeros((), dtype=torch.float64, device=p.device)
-        for (group, block), tau in zip(self._group_blocks(), taus):
-            total = total + tau * torch.dot(p[block], p[block]).to(torch.float64)
-        return total
-
-    def _group_blocks(self) -> list[tuple[dict[str, Any], slice]]:
-        blocks, offset = [], 0
-        for group in self.param_groups:
-            size = sum(block_sizes(group["params"]))
-            blocks.append((group, slice(offset, offset + size)))
-            offset += size
-        return blocks
-
+    # ------------------------------------------------------------------ the kernel's hooks
     def _init_state(self, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         zero = torch.zeros((), dtype=torch.float64, device=device)
         state: dict[str, Any] = {"step": 0, "n": n, "loss_avg": zero, "gamma": zero.clone(),
@@ -523,27 +266,162 @@ class _SQPMoMoBase(Optimizer, ABC):
             state[key] = torch.zeros(n, dtype=dtype, device=device)
         return state
 
-    @staticmethod
-    def _add_to_params(params: list[Tensor], delta: Tensor) -> None:
-        offset = 0
-        for p in params:
-            view = real_view(p.detach())
-            size = view.numel()
-            view.add_(delta[offset:offset + size].view_as(view).to(view.dtype))
-            offset += size
+    def _call_closure(self, closure: Any) -> Any:
+        self._closure_value = loss_from_closure(
+            type(self).__name__, closure, "step(closure, constraints=c, jacobian=J)")
+        return self._closure_value[0]
 
-    def _raise_nonfinite(self, f: Tensor, g: Tensor, c: Tensor, J: Tensor) -> None:
+    def _inputs(self, params: list[Tensor], constraints: Tensor | None, jacobian: Tensor | None,
+                loss: Any) -> StepInputs:
+        """The kernel's inputs plus the loss model's: f, x and <g, x> (their finiteness joins the step's
+        one host read)."""
+        inputs = super()._inputs(params, constraints, jacobian, loss)
+        value, loss_tensor = self._closure_value
+        x = inputs.layout.gather(params, self._vector("parameters", inputs.g), "parameters")
+        f = loss_tensor.detach().reshape(()).to(device=x.device, dtype=torch.float64)
+        gx = torch.dot(inputs.g, x).to(torch.float64)
+        inputs.loss = LossModelInputs(value, f, x, gx)
+        inputs.finite = torch.isfinite(f) & torch.isfinite(gx)
+        return inputs
+
+    def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
+        if not self._scaled_variable():
+            factor, finite = self._factorize(jacobian)
+            return Projection(jacobian, factor, finite, c)
+        # the D-norm prox: J~ = J D_k^{-1/2} with the second moment of this step (committed in _compose)
+        k = int(state["step"]) + 1
+        v_next = self._vector("exp_avg_sq_next", g)
+        beta2 = float(self.param_groups[0]["betas"][1])
+        torch.mul(state["exp_avg_sq"], beta2, out=v_next).addcmul_(g, g, value=1.0 - beta2)
+        scaling = self._metric_scaling(state, k, v_next)
+        factor, finite, _ = self._scaled_factorize(jacobian, scaling)
+        return Projection(jacobian, factor, finite, c, scaling=scaling)
+
+    def _to_x(self, projection: Projection, step: Tensor) -> Tensor:
+        return step if projection.scaling is None else step.mul_(projection.scaling)
+
+    def _diagnostic_factor(self, projection: Projection, jacobian: Tensor):  # type: ignore[no-untyped-def]
+        return projection.factor if projection.scaling is None else self._factorize(jacobian)[0]
+
+    def _raise_nonfinite(self, g: Tensor, c: Tensor, J: Tensor) -> None:
+        f = self._step_inputs.loss.f
         if not bool(torch.isfinite(f)):
             raise ValueError(
                 f"{type(self).__name__}: the loss is not finite ({float(f)!r}); the step was not taken. "
                 "Check the loss at this batch (a diverging run, a bad batch, log of 0, ...)."
             )
-        check_finite("The constraints c", c)
-        check_finite("The jacobian J", J)
         check_finite("The objective gradient g (or the parameters)", g)
-        raise ValueError(f"{type(self).__name__}: <g, x> overflowed; the step was not taken.")
+        check_finite("The parameters x", self._step_inputs.loss.x)
+        super()._raise_nonfinite(g, c, J)
+
+    def _projector(self, projection: Projection, inputs: StepInputs) -> Projector:
+        self._step_inputs = inputs  # (read by _raise_nonfinite on the failure path only)
+        return super()._projector(projection, inputs)
+
+    def _compose(self, projection: Projection, projector: Projector, inputs: StepInputs,
+                 record: dict[str, Tensor] | None) -> Composed:
+        """x_{k+1} - x_k = n_k - tau_k P d_k (see the module docstring), with the kernel's safeguarded
+        normal step n_k and MoMo's scalar rules (:mod:`~lit_constrained.optim.momo`, no weight decay)."""
+        state, first = inputs.state, self.param_groups[0]
+        model: LossModelInputs = inputs.loss
+        g, c, m, x = inputs.g, inputs.c, inputs.m, model.x
+        k = int(state["step"])
+        rho_k, weight = self._rho(k), self._weight(k)
+        floor = float(first["lower_bound"])
+        estimate = bool(first["estimate_lower_bound"])
+        device = g.device
+        f_star = state["lower_bound"] if estimate else torch.full((), floor, dtype=torch.float64, device=device)
+
+        # 1. the loss model: averages and moments (the Euclidean geometry's second moment is of P_k g_k)
+        loss_avg = state["loss_avg"] + weight * (model.f - state["loss_avg"])
+        gamma = state["gamma"] + weight * (model.gx - state["gamma"])
+        euclidean = self._euclidean_metric()
+        g_second = projector.project(g, torch.empty_like(g)) if euclidean and m else g
+        if self._scaled_variable():  # commit the second moment _prepare formed
+            state["exp_avg_sq"], self._buffers["exp_avg_sq_next"] = self._buffers["exp_avg_sq_next"], state["exp_avg_sq"]
+        self._update_moments(state, g, g_second, weight)
+        d = state[self._moment_keys()[0]]
+        d_dot_x = torch.dot(d, x).to(torch.float64)
+
+        # 2. slope (its squared norm is the prox's slope norm) and the tangential direction in the working
+        #    variable (u = D^{1/2} z for the exact D-norm prox, x else)
+        project = (lambda v: projector.project(v, torch.empty_like(v))) if m else (lambda v: v.clone())
+        if projection.scaling is not None:  # the exact D-norm prox, in the scaled variable
+            slope = project(d * projection.scaling)
+            direction = slope
+        elif euclidean:  # metric (Z^T D^{-1} Z)^{-1} on null(J): direction P D^{-1} P d
+            scaling = self._metric_scaling(state, k)
+            slope = project(d) * scaling  # D^{-1/2} P d
+            direction = project(slope * scaling)
+        else:  # D = I
+            slope = project(d)
+            direction = slope
+        slope_norm_sq = torch.dot(slope, slope).to(torch.float64)
+
+        # 3. the normal step (the kernel's safeguard) and <d, n>
+        lrs = [float(group["lr"]) for group in self.param_groups]
+        rho = first["rho"]
+        s = 1.0 if rho == "full" else lrs[0] * float(rho)
+        delta = self._vector("delta", g)
+        if m:
+            normal = projector.normal(c, torch.empty_like(g))  # -J~^+ c
+            normal_x = self._to_x(projection, normal.clone())
+            scale, normal_norm = normal_step_scale(
+                first["max_normal_step"], rho, s, normal_x.norm().to(torch.float64), c, projection.factor,
+                lambda: x.norm().to(torch.float64), state)
+            normal.mul_(scale.to(normal.dtype))
+            normal_x.mul_(scale.to(normal_x.dtype))
+            d_dot_n = torch.dot(d, normal_x).to(torch.float64)
+        else:
+            scale, normal = None, None
+            normal_norm = d_dot_n = torch.zeros((), dtype=torch.float64, device=device)
+
+        # 4. ResetStar, the step sizes, the step (MoMo's rules with h_k + <d_k, n_k> as the model's constant)
+        rules = dict(loss_avg=loss_avg, gamma=gamma, d_dot_x=d_dot_x + d_dot_n)
+        if estimate:
+            f_star = reset_lower_bound(f_star, floor, lr=lrs[0], weight_decay=0.0, rho=rho_k, **rules)
+        steps = [adaptive_step(lr=lr, weight_decay=0.0, rho=rho_k, d_norm_sq=slope_norm_sq, lower_bound=f_star,
+                               **rules) for lr in lrs]
+        taus = [tau for tau, _ in steps]
+        self._tangential(direction, taus, projector, m, delta)
+        if normal is not None:
+            delta.add_(normal)
+        self._to_x(projection, delta)
+
+        # 5. EstimateStar, state, diagnostics
+        used = f_star
+        if estimate:
+            f_star = estimate_lower_bound(floor, rho=rho_k, tau_d_norm_sq=self._tau_slope_norm(slope, taus), **rules)
+        state.update(loss_avg=loss_avg, gamma=gamma, lower_bound=f_star)
+        if record is not None:
+            record.update(zeta=steps[-1][1], lower_bound_used=used, normal_inner_product=d_dot_n,
+                          projected_direction_norm=slope_norm_sq.sqrt())
+            several = len(self.param_groups) > 1
+            for i, tau in enumerate(taus):
+                record[f"tau/group{i}" if several else "tau"] = tau
+        return Composed(delta, scale, normal_norm)
+
+    def _tangential(self, p: Tensor, taus: list[Tensor], projector: Projector, m: int, out: Tensor) -> Tensor:
+        r""":math:`-\tau P d` (one lr), or :math:`\tilde P(-\mathrm{diag}(\tau_i) P d)` for groups with
+        different lrs (projected again so that it stays in the null space)."""
+        if len(taus) == 1 or all(float(group["lr"]) == float(self.param_groups[0]["lr"]) for group in self.param_groups):
+            return torch.mul(p, (-taus[0]).to(p.dtype), out=out)
+        scaled = torch.empty_like(p)
+        for (_, block), tau in zip(self._group_blocks(), taus):
+            torch.mul(p[block], (-tau).to(p.dtype), out=scaled[block])
+        return projector.project(scaled, out) if m else out.copy_(scaled)
+
+    def _tau_slope_norm(self, p: Tensor, taus: list[Tensor]) -> Tensor:
+        r""":math:`\tau_k \|P d\|^2`, or :math:`\sum_i \tau_i \|(P d)_i\|^2` over groups (as MoMo)."""
+        if len(taus) == 1:
+            return taus[0] * torch.dot(p, p).to(torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=p.device)
+        for (_, block), tau in zip(self._group_blocks(), taus):
+            total = total + tau * torch.dot(p[block], p[block]).to(torch.float64)
+        return total
 
 
+@document_projection_args
 class SQPMoMo(_SQPMoMoBase):
     r"""SQP-MoMo: MoMo's model-based step restricted to the linearized constraints (Euclidean prox).
 
@@ -553,11 +431,11 @@ class SQPMoMo(_SQPMoMoBase):
             \frac{(\bar f_k + \langle d_k, x_k\rangle - \gamma_k + \langle d_k, n_k\rangle - \rho_k f^*_k)_+}
                  {\|P_k d_k\|^2}\Big\},
 
-    :math:`n_k = -J_k^+ c_k` (``rho="full"``), :math:`P_k` the projector on :math:`\mathrm{null}(J_k)`,
-    :math:`d_k, \bar f_k, \gamma_k` MoMo's averages (:math:`\rho_k = 1`, averages starting at the first
-    sample; ``bias_correction=True``: starting at 0, :math:`\rho_k = 1 - \beta^k`). Derivation, the online
-    lower bound and the conventions in the module docstring. m = 0 gives
-    :class:`~lit_constrained.optim.momo.MoMo` (without weight decay).
+    :math:`n_k = -J_k^+ c_k` (``rho="full"``; the kernel's safeguard may shorten it), :math:`P_k` the
+    projector on :math:`\mathrm{null}(J_k)`, :math:`d_k, \bar f_k, \gamma_k` MoMo's averages
+    (:math:`\rho_k = 1`, averages starting at the first sample; ``bias_correction=True``: starting at 0,
+    :math:`\rho_k = 1 - \beta^k`). Derivation, the online lower bound and the conventions in the module
+    docstring. m = 0 gives :class:`~lit_constrained.optim.momo.MoMo` (without weight decay).
 
     Args:
         params: parameters or parameter groups (per group: ``lr``).
@@ -567,11 +445,7 @@ class SQPMoMo(_SQPMoMoBase):
         lower_bound: :math:`f^*` (0 for non-negative losses), or the start and floor of the estimate. Shared.
         estimate_lower_bound: estimate :math:`f^*` online (MoMo*). Shared.
         bias_correction: MoMo-Bias averaging. Shared.
-        rho: ``"full"`` (default: the normal step restores the linearized constraints) or a number
-            (normal step :math:`-\alpha\rho J^+ c`). Shared.
-        rcond: relative singular-value cutoff of J's numerical rank. Shared.
-        max_normal_step: ``None`` or a cap on :math:`\|n_k\|` relative to :math:`\|x_k\|`. Shared.
-        precision: ``"native"`` or ``"float64"``. Shared.
+{projection_args}
     """
 
     shared_keys = _SQPMoMoBase.shared_keys + ("momentum", "bias_correction")
@@ -586,20 +460,22 @@ class SQPMoMo(_SQPMoMoBase):
         bias_correction: bool = False,
         rho: Rho = "full",
         rcond: float = DEFAULT_RCOND,
-        max_normal_step: float | None = None,
+        max_normal_step: MaxNormalStep = DEFAULT_MAX_NORMAL_STEP,
         precision: Precision = "native",
+        constraint_tol: float = DEFAULT_CONSTRAINT_TOL,
+        max_corrections: int = DEFAULT_MAX_CORRECTIONS,
     ) -> None:
         super().__init__(
             params,
             dict(lr=lr, momentum=momentum, lower_bound=lower_bound, estimate_lower_bound=estimate_lower_bound,
                  bias_correction=bias_correction, rho=rho, rcond=rcond, max_normal_step=max_normal_step,
-                 precision=precision),
+                 precision=precision, constraint_tol=constraint_tol, max_corrections=max_corrections),
         )
 
     def _check_group(self, group: dict[str, Any]) -> None:
         super()._check_group(group)
         check_beta("momentum", group["momentum"])
-        _check_flag("bias_correction", group["bias_correction"])
+        check_flag("bias_correction", group["bias_correction"])
 
     def _beta(self) -> float:
         return float(self.param_groups[0]["momentum"])
@@ -615,10 +491,11 @@ class SQPMoMo(_SQPMoMoBase):
     def _moment_keys(self) -> tuple[str, ...]:
         return ("grad_avg",)
 
-    def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, k: int, weight: float) -> None:
+    def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, weight: float) -> None:
         state["grad_avg"].lerp_(g, weight)
 
 
+@document_projection_args
 class SQPMoMoAdam(_SQPMoMoBase):
     r"""SQP-MoMo-Adam: MoMo-Adam's step (prox in Adam's D-norm) restricted to the linearized constraints.
 
@@ -639,13 +516,14 @@ class SQPMoMoAdam(_SQPMoMoBase):
         lr: :math:`\alpha`, the cap of the adaptive step (default 1e-2, MoMo-Adam's: a cap, not the step).
         betas: :math:`(\beta_1, \beta_2)`, shared.
         eps: added outside the square root of D, per group.
-        lower_bound, estimate_lower_bound, rho, rcond, max_normal_step, precision: as :class:`SQPMoMo`.
+        lower_bound, estimate_lower_bound: as :class:`SQPMoMo`.
         geometry: ``"adam"`` (default): the exact prox in Adam's D-norm above (Adam(con)'s D-orthogonal
             projector and D-minimum-norm normal step). ``"euclidean"``: SQP-Adam's geometry, the exact prox
             in the metric :math:`M_k = (I - P_k) + (P_k\hat D_k^{-1}P_k)^+` (:math:`\hat D` from the second
             moment of the projected gradients): :math:`x_{k+1} = x_k - J_k^+c_k - \tau_k P_k\hat D_k^{-1}P_k d_k`,
             :math:`\tau_k` with the slope norm :math:`\|\hat D_k^{-1/2}P_k d_k\|^2`. Shared. See the module
             docstring.
+{projection_args}
     """
 
     shared_keys = _SQPMoMoBase.shared_keys + ("betas", "geometry")
@@ -660,15 +538,18 @@ class SQPMoMoAdam(_SQPMoMoBase):
         estimate_lower_bound: bool = False,
         rho: Rho = "full",
         rcond: float = DEFAULT_RCOND,
-        max_normal_step: float | None = None,
+        max_normal_step: MaxNormalStep = DEFAULT_MAX_NORMAL_STEP,
         precision: Precision = "native",
         geometry: Geometry = "adam",
+        constraint_tol: float = DEFAULT_CONSTRAINT_TOL,
+        max_corrections: int = DEFAULT_MAX_CORRECTIONS,
     ) -> None:
         super().__init__(
             params,
             dict(lr=lr, betas=tuple(betas), eps=eps, lower_bound=lower_bound,
                  estimate_lower_bound=estimate_lower_bound, rho=rho, rcond=rcond,
-                 max_normal_step=max_normal_step, precision=precision, geometry=geometry),
+                 max_normal_step=max_normal_step, precision=precision, geometry=geometry,
+                 constraint_tol=constraint_tol, max_corrections=max_corrections),
         )
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -695,18 +576,23 @@ class SQPMoMoAdam(_SQPMoMoBase):
     def _moment_keys(self) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")
 
-    def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, k: int, weight: float) -> None:
-        beta2 = float(self.param_groups[0]["betas"][1])
+    def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, weight: float) -> None:
         state["exp_avg"].lerp_(g, weight)
-        state["exp_avg_sq"].mul_(beta2).addcmul_(g_second, g_second, value=1.0 - beta2)
+        if not self._scaled_variable():  # (the D-norm prox's second moment was formed in _prepare)
+            beta2 = float(self.param_groups[0]["betas"][1])
+            state["exp_avg_sq"].mul_(beta2).addcmul_(g_second, g_second, value=1.0 - beta2)
 
     def _euclidean_metric(self) -> bool:
         return self.param_groups[0]["geometry"] == "euclidean"
 
-    def _scaling(self, state: dict[str, Any], k: int) -> Tensor:
+    def _scaled_variable(self) -> bool:
+        return not self._euclidean_metric()
+
+    def _metric_scaling(self, state: dict[str, Any], k: int, second_moment: Tensor | None = None) -> Tensor:
         r""":math:`D_k^{-1/2}`, :math:`D_k = \epsilon + \sqrt{v_k/(1-\beta_2^k)}` (eps per group)."""
         beta2 = float(self.param_groups[0]["betas"][1])
-        out = torch.div(state["exp_avg_sq"], 1.0 - beta2**k).sqrt_()
+        v = state["exp_avg_sq"] if second_moment is None else second_moment
+        out = torch.div(v, 1.0 - beta2**k, out=self._vector("metric_scaling", v)).sqrt_()
         for group, block in self._group_blocks():
             out[block].add_(float(group["eps"]))
         return out.rsqrt_()

@@ -45,6 +45,11 @@ def evaluate(x: np.ndarray, k: int) -> tuple[float, np.ndarray, np.ndarray, np.n
     return float(f.detach()), g.numpy(), c.detach().numpy(), J.numpy()
 
 
+def uncapped(kwargs: dict) -> dict:
+    """The dense references take the full normal step: no safeguard unless a test asks for one."""
+    return {"max_normal_step": None, **kwargs}
+
+
 def reference(
     adam: bool, lrs: list[float], lower_bound: float, estimate: bool, steps: int, eps: float = 1e-8,
     geometry: str = "adam",
@@ -102,7 +107,7 @@ def reference(
 
 def run(cls: type, lrs: list[float], record: bool = True, **kwargs) -> tuple[list[torch.Tensor], list[dict], object]:
     x = torch.nn.Parameter(x0())
-    opt = cls([x], lr=lrs[0], **kwargs)
+    opt = cls([x], lr=lrs[0], **uncapped(kwargs))
     xs, diagnostics = [], []
     for k, lr in enumerate(lrs):
         opt.param_groups[0]["lr"] = lr
@@ -161,7 +166,7 @@ def test_without_a_lower_bound_it_is_the_projected_momentum_step_with_tau_equal_
 def test_the_step_satisfies_the_linearized_constraints_at_every_step(cls: type, options: dict) -> None:
     # J_k (x_{k+1} - x_k) = J_k n_k = -c_k (rho = "full", J of full row rank) to 1e-10, float64
     x = torch.nn.Parameter(x0())
-    opt = cls([x], lr=2.0, **options)
+    opt = cls([x], lr=2.0, **uncapped(options))
     for k in range(30):
         opt.zero_grad()
         loss = objective(x, k)
@@ -181,7 +186,7 @@ def test_the_euclidean_geometry_is_the_prox_in_its_metric() -> None:
     # step (d = (1 - beta1) g, rho = 1 - beta1, D = eps + sqrt(v / (1 - beta2)), v = (1 - beta2) (P g)^2).
     lr, beta1, beta2, eps = 0.05, 0.9, 0.999, 1e-8
     x = torch.nn.Parameter(x0())
-    opt = SQPMoMoAdam([x], lr=lr, lower_bound=-1e30, geometry="euclidean")
+    opt = SQPMoMoAdam([x], lr=lr, lower_bound=-1e30, geometry="euclidean", max_normal_step=None)
     loss = objective(x, 0)
     loss.backward()
     c, J = constraints(x.detach()), constraint_jacobian(constraints(x), [x])
@@ -219,7 +224,7 @@ def test_without_constraints_it_is_momo(ours: type, theirs: type, kwargs: dict, 
     # trajectory to 1e-12 in float64, the lr alternating so both branches of tau occur.
     def make(cls: type, xs: list[torch.Tensor]):
         groups = [{"params": xs[:1]}, {"params": xs[1:], "lr": 0.3}] if two_groups else [{"params": xs}]
-        return cls(groups, lr=1.0, **(kwargs if cls is ours else {k: v for k, v in kwargs.items() if k != "geometry"}))
+        return cls(groups, lr=1.0, **(uncapped(kwargs) if cls is ours else {k: v for k, v in kwargs.items() if k != "geometry"}))
 
     a = [torch.nn.Parameter(x0()[:4].clone()), torch.nn.Parameter(x0()[4:].clone())]
     b = [torch.nn.Parameter(x0()[:4].clone()), torch.nn.Parameter(x0()[4:].clone())]
@@ -244,7 +249,7 @@ def test_without_constraints_it_is_momo(ours: type, theirs: type, kwargs: dict, 
 def run_hs(problem: Problem, cls: type, lr: float, steps: int, **kwargs) -> tuple[float, float]:
     """Constant lr, no schedule: (max |x - x*|, max |c|) at the end; inf where the run broke down."""
     x = torch.nn.Parameter(torch.tensor(problem.x0, dtype=F64))
-    opt = cls([x], lr=lr, **kwargs)
+    opt = cls([x], lr=lr, **uncapped(kwargs))
     try:
         for _ in range(steps):
             opt.zero_grad()
@@ -297,7 +302,7 @@ def test_the_step_size_monitor_reads_tau_zeta_and_the_lower_bound(cls: type) -> 
 @pytest.mark.parametrize("cls", [SQPMoMo, SQPMoMoAdam])
 def test_a_zero_direction_gives_only_the_normal_step(cls: type) -> None:
     x = torch.nn.Parameter(torch.zeros(4, dtype=F64))
-    opt = cls([x], lr=1.0)
+    opt = cls([x], lr=1.0, max_normal_step=None)
     J = torch.tensor([[1.0, 2.0, 0.0, 0.0]], dtype=F64)
     c = torch.tensor([0.5], dtype=F64)
     x.grad = torch.zeros(4, dtype=F64)
@@ -341,14 +346,15 @@ def test_the_loss_is_required_and_bad_inputs_are_named() -> None:
                  jacobian=torch.tensor([[1.0, math.nan, 0.0]], dtype=F64))
     with pytest.raises(ValueError, match="loss is not finite"):
         opt.step(lambda: math.inf, constraints=torch.zeros(1, dtype=F64), jacobian=torch.ones(1, 3, dtype=F64))
-    assert torch.equal(x.detach(), torch.zeros(3, dtype=F64)) and not opt.state  # nothing changed
+    # nothing changed (a state at step 0 is the initial state)
+    assert torch.equal(x.detach(), torch.zeros(3, dtype=F64)) and opt.state["flat"]["step"] == 0
 
 
 @pytest.mark.parametrize("cls,options", FLAVOURS, ids=CLASS_IDS)
 def test_groups_with_different_lrs_keep_the_linearized_constraints(cls: type, options: dict) -> None:
     # each group has its own tau_i = min(lr_i / rho, zeta); -diag(tau) P d is projected again, so J dx = -c
     a, b = torch.nn.Parameter(x0()[:3].clone()), torch.nn.Parameter(x0()[3:].clone())
-    opt = cls([{"params": [a], "lr": 1e-3}, {"params": [b], "lr": 2.0}], **options)
+    opt = cls([{"params": [a], "lr": 1e-3}, {"params": [b], "lr": 2.0}], **uncapped(options))
     differed = False
     for k in range(5):
         opt.zero_grad()
@@ -372,7 +378,7 @@ def test_rank_deficient_jacobian_and_the_normal_step_cap(cls: type, options: dic
     row = torch.tensor([1.0, 2.0, -1.0, 0.5], dtype=F64)
     J, c = torch.stack([row, row]), torch.tensor([3.0, 3.0], dtype=F64)
     x.grad = torch.tensor([0.3, -0.2, 0.1, 0.4], dtype=F64)
-    opt = cls([x], lr=0.1, **options)
+    opt = cls([x], lr=0.1, **uncapped(options))
     opt.step(lambda: torch.tensor(0.5, dtype=F64), constraints=c, jacobian=J, diagnostics=True)
     assert int(opt.diagnostics["rank"]) == 1
     torch.testing.assert_close(J @ (x.detach() - 1.0), -c, rtol=1e-12, atol=1e-12)
@@ -384,3 +390,51 @@ def test_rank_deficient_jacobian_and_the_normal_step_cap(cls: type, options: dic
     assert float((torch.linalg.pinv(J[:1]) @ c[:1]).norm()) > 0.2  # the full normal step is longer than the cap
     assert float(opt.diagnostics["normal_step_norm"]) == pytest.approx(0.2, rel=1e-12)  # 0.1 ||x||, ||x|| = 2
     assert float((capped.detach() - 1.0).norm()) == pytest.approx(0.2, rel=1e-12)  # g = 0: only the normal step
+
+
+# ---------------------------------------------------------------------------- the kernel's safeguard and corrections
+
+
+@pytest.mark.parametrize("cls", [SQPMoMo, SQPMoMoAdam])
+def test_the_default_safeguard_caps_a_far_normal_step(cls: type) -> None:
+    """Built on the kernel, SQP-MoMo has the adaptive trust radius by default: far from feasibility the
+    first normal step is capped at 0.02 max(||x_1||, 1) (the uncapped one, -J^+ c, has norm 10)."""
+    x = torch.nn.Parameter(torch.zeros(4, dtype=F64))
+    x.grad = torch.ones(4, dtype=F64)
+    J = torch.eye(2, 4, dtype=F64)
+    c = torch.tensor([10.0, 0.0], dtype=F64)
+    opt = cls([x])
+    opt.step(lambda: torch.tensor(1.0, dtype=F64), constraints=c, jacobian=J, diagnostics=True)
+    assert float(opt.diagnostics["normal_step_capped"]) == 1.0
+    assert float(opt.diagnostics["normal_step_norm"]) == pytest.approx(0.02, rel=1e-12)
+    uncapped_opt = cls([torch.nn.Parameter(torch.zeros(4, dtype=F64))], max_normal_step=None)
+    uncapped_opt.param_groups[0]["params"][0].grad = torch.ones(4, dtype=F64)
+    uncapped_opt.step(lambda: torch.tensor(1.0, dtype=F64), constraints=c, jacobian=J, diagnostics=True)
+    assert float(uncapped_opt.diagnostics["normal_step_norm"]) == pytest.approx(10.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("cls", [SQPMoMo, SQPMoMoAdam])
+def test_the_corrections_hold_a_curved_constraint(cls: type) -> None:
+    """c(x) = x_0^2 + x_1^2 - 1 (a circle) from a feasible point: a tangential step leaves the circle by
+    O(step^2); the kernel's Gauss-Newton corrections (constraint_closure; with J of the step's start they
+    converge linearly, hence more than the default 3 for SQP-MoMo-Adam's large first steps) bring max |c|
+    below the tolerance."""
+
+    def circle(x: torch.Tensor) -> torch.Tensor:
+        return (x[:2].pow(2).sum() - 1.0).reshape(1)
+
+    results = {}
+    for corrections in (0, 8):
+        x = torch.nn.Parameter(torch.tensor([1.0, 0.0, 0.5], dtype=F64))
+        opt = cls([x], lr=0.2, max_corrections=corrections, max_normal_step=None)
+        for _ in range(3):
+            x.grad = torch.tensor([0.0, -1.0, 0.3], dtype=F64)  # pushes along the tangent (0, 1)
+            with torch.no_grad():
+                c = circle(x)
+                J = torch.cat([2.0 * x[:2], torch.zeros(1, dtype=F64)]).reshape(1, 3)
+            opt.step(lambda: torch.tensor(1.0, dtype=F64), constraints=c, jacobian=J,
+                     constraint_closure=lambda: circle(x.detach()), diagnostics=True)
+        results[corrections] = float(circle(x.detach()).abs())
+    assert results[0] > 1e-4  # the tangential steps' curvature
+    # tol = constraint_tol * max(max |c_1|, 1) = 1e-6 (c_1 = 0: the start is feasible)
+    assert results[8] <= 1e-6
