@@ -85,6 +85,9 @@ class PreflightError(ValueError):
 def _trainer_signatures() -> dict[str, frozenset[str]] | None:
     """The argument names of ``Trainer.__init__`` and of its fit/validate/test/predict, read from
     Lightning's source without importing it (None when the source cannot be read)."""
+    # Lightning's file layout (lightning/pytorch/trainer/trainer.py, class Trainer), not an API: importing
+    # it would take seconds. If it moves, the Trainer keys go unchecked here (LightningCLI still reports
+    # them, slowly): tests/test_cli_first_day.py::test_the_early_checks_read_the_installed_trainer fails
     try:
         spec = importlib.util.find_spec("lightning")
         if spec is None or spec.origin is None:

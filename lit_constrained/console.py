@@ -8,9 +8,16 @@
   :func:`lit_constrained.compare.add_arguments`, parsed here.
 
 Building the parser imports neither torch nor Lightning, so ``lit-constrained``, ``lit-constrained
---help`` and ``lit-constrained compare --help`` answer at once; the layers are imported only when a
-subcommand runs. Nothing imports this module but the console script (and ``python -m
-lit_constrained.cli``, which is this command).
+--help`` and ``lit-constrained compare --help`` answer at once: :mod:`lit_constrained.cli_fast` answers
+``fit --help`` and the errors a config shows without them, and :mod:`lit_constrained.cli` (torch,
+Lightning: seconds) is imported inside :func:`main`, only when a Lightning subcommand runs. That import
+is the command's start-up speed, not a way around a circle: the layers are one-way, console ->
+compare -> cli, and neither imports this module. Nothing imports this module but the console script
+and its ``python -m`` twins (``python -m lit_constrained.console``, ``python -m lit_constrained.cli``:
+:mod:`lit_constrained.cli.__main__`).
+
+Only argparse's public API is used: the bare ``--print_config`` that takes no value is a rewrite of
+the arguments (:func:`bare_print_config_as_empty`), not an override of argparse's option matching.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from lit_constrained import compare
+from lit_constrained import cli_fast, compare  # neither imports torch nor Lightning
 
 PROG = "lit-constrained"
 DESCRIPTION = "lit-constrained: train networks with hard equality constraints (PyTorch Lightning)."
@@ -33,6 +40,9 @@ LIGHTNING_SUBCOMMANDS = {
     "predict": "run the model's forward on the DataModule's predict_dataloader() (a task's data must define one)",
 }
 
+#: every subcommand of ``lit-constrained`` (everything after one is that subcommand's)
+SUBCOMMANDS = (*LIGHTNING_SUBCOMMANDS, "compare")
+
 EPILOG = """\
 Each subcommand has its own help, e.g. lit-constrained fit --help (the options a run uses; --help-all:
 all Trainer, model and data options), lit-constrained fit --model.help lit_constrained.tasks.spring.Spring
@@ -44,8 +54,25 @@ class _CommandParser(argparse.ArgumentParser):
     """The top-level parser: a bare ``--print_config`` takes no value (as in jsonargparse, which reads it
     as ``--print_config=``), so ``--print_config fit`` leaves ``fit`` to be the subcommand."""
 
-    def _parse_optional(self, arg_string: str) -> Any:
-        return super()._parse_optional("--print_config=" if arg_string == "--print_config" else arg_string)
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        return super().parse_known_args(bare_print_config_as_empty(sys.argv[1:] if args is None else args),
+                                         namespace)
+
+
+def bare_print_config_as_empty(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each bare ``--print_config`` before the subcommand written ``--print_config=`` (no
+    flags), so that it takes no value; the subcommand's own arguments are left as they are. The
+    subcommand is the first of :data:`SUBCOMMANDS` that is not the value of ``-c``/``--config``; after
+    ``--`` every argument is a value (argparse's rule), left as it is too."""
+    argv = list(argv)
+    after_config = False
+    for index, arg in enumerate(argv):
+        if (arg in SUBCOMMANDS and not after_config) or arg == "--":
+            break
+        if arg == "--print_config":
+            argv[index] = "--print_config="
+        after_config = arg in ("-c", "--config")
+    return argv
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
                    help="print the resolved config (of fit, validate, test or predict) and exit; flags: "
                         "comments, skip_default, skip_unset (comma-separated)")
     subcommands = p.add_subparsers(dest="subcommand", title="subcommands", parser_class=argparse.ArgumentParser,
-                                   metavar="{fit,validate,test,predict,compare}")
+                                   metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, summary in LIGHTNING_SUBCOMMANDS.items():
         # every argument after the subcommand goes to LightningCLI as it is: no prefix character of this
         # parser can start an option, so "--config" and "--help" are plain values of "args"
@@ -100,15 +127,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                           "predict; compare takes --config-dir (lit-constrained compare --help)")
         compare.check_arguments(compare.parser(), args)
         sys.exit(compare.run(args))
-    from lit_constrained import cli_fast  # imports neither torch nor Lightning
-
     rest = list(args.args)
     if args.subcommand == "fit" and ("--help" in rest or "-h" in rest):
         print(cli_fast.short_fit_help(), end="")  # one page; --help-all has every option
         return
     rest = ["--help" if arg == cli_fast.HELP_ALL else arg for arg in rest]
     cli_fast.run_preflight(args.subcommand, rest)  # a missing config, an unknown key: in milliseconds
-    from lit_constrained import cli
+    from lit_constrained import cli  # start-up speed: torch and Lightning (seconds), only to run
 
     if args.subcommand == "fit":
         cli.run_fit(rest, top_level=lightning_options(args))

@@ -244,37 +244,108 @@ def test_top_level_config_reaches_lightning(tmp_path, capsys):
     assert "max_epochs: 7" in capsys.readouterr().out
 
 
-def test_the_fit_layer_never_imports_compare():
-    """One-way layers: console -> compare -> cli (the fit layer); no module outside compare/ (and the
-    console) imports lit_constrained.compare, not even lazily. ``python -m lit_constrained.cli`` runs the
-    console (the whole command): that script entry is the one exception."""
+PACKAGE = ROOT / "lit_constrained"
+
+#: the command-line layer's modules (console.py, cli/, cli_fast.py, cli_parsing.py, compare/)
+COMMAND_LINE = ("lit_constrained.console", "lit_constrained.cli", "lit_constrained.cli_fast",
+                "lit_constrained.cli_parsing", "lit_constrained.compare")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _is_script(path: Path) -> bool:
+    """A ``python -m`` script (``__main__.py``): run, never imported."""
+    return path.name == "__main__.py"
+
+
+def package_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of a ``lit_constrained`` module in ``path``, wherever it is: at
+    module level, inside a function, or in an ``if __name__ == "__main__":`` block (a module run as a
+    script is imported again by what it imports); ``from a import b`` names ``a.b`` when that is a
+    module, ``a`` otherwise."""
     import ast
 
-    package = ROOT / "lit_constrained"
-    offenders = []
-    for path in sorted(package.rglob("*.py")):
-        relative = path.relative_to(package).as_posix()
-        if relative.startswith("compare/") or relative == "console.py":
+    tree = ast.parse(path.read_text())
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the file's package
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([base] if base else [])])
+            names = [f"{base}.{alias.name}" if _is_module(f"{base}.{alias.name}") else base for alias in node.names]
+        else:
             continue
-        tree = ast.parse(path.read_text())
-        script_entry = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
-        skipped = {id(n) for block in script_entry for n in ast.walk(block)}
-        for node in ast.walk(tree):
-            if id(node) in skipped:
-                continue
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # relative: resolve against the file's package
-                    parts = ["lit_constrained", *path.relative_to(package).parent.parts]
-                    parts = parts[:len(parts) - node.level + 1]
-                    base = ".".join([*parts, *([base] if base else [])])
-                names = [base] + [f"{base}.{alias.name}" for alias in node.names]
-            else:
-                continue
-            if any(name == "lit_constrained.compare" or name.startswith("lit_constrained.compare.") for name in names):
-                offenders.append(f"{relative}:{node.lineno}")
-            if relative != "cli.py" and any(name in ("lit_constrained.console",) for name in names):
-                offenders.append(f"{relative}:{node.lineno} (console)")
+        found += [(node.lineno, name) for name in dict.fromkeys(names) if name.split(".")[0] == "lit_constrained"]
+    return found
+
+
+def test_the_fit_layer_never_imports_compare():
+    """One-way layers: console -> compare -> cli (the fit layer); no module outside compare/ (and the
+    console) imports lit_constrained.compare, not even lazily; no module imports the console (only the
+    ``python -m`` script ``cli/__main__.py`` runs it), and no module imports a ``__main__`` script."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        for line, name in package_imports(path):
+            if (name == "lit_constrained.compare" or name.startswith("lit_constrained.compare.")) and not (
+                    relative.startswith("compare/") or relative == "console.py"):
+                offenders.append(f"{relative}:{line} imports {name}")
+            if name == "lit_constrained.console" and not _is_script(path):
+                offenders.append(f"{relative}:{line} imports the console")
+            if name.endswith(".__main__"):
+                offenders.append(f"{relative}:{line} imports the script {name}")
     assert offenders == []
+
+
+def test_the_command_line_layer_has_no_import_circle():
+    """No chain of imports (module-level, inside functions or ``__main__`` blocks; ``__main__.py``
+    scripts, which nothing imports, excluded) leads from a module of the command-line layer back to
+    itself, as cli -> console -> compare -> cli did through cli.py's ``__main__`` block."""
+    graph = {_module_name(path): {name for _, name in package_imports(path)}
+             for path in PACKAGE.rglob("*.py") if not _is_script(path)}
+
+    def reaches(start: str, goal: str) -> list[str] | None:
+        stack, seen = [(start, [start])], {start}
+        while stack:
+            node, chain = stack.pop()
+            for nxt in sorted(graph.get(node, ())):
+                if nxt == goal:
+                    return [*chain, nxt]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*chain, nxt]))
+        return None
+
+    layer = sorted(m for m in graph if any(m == c or m.startswith(c + ".") for c in COMMAND_LINE))
+    assert "lit_constrained.cli" in layer and "lit_constrained.console" in layer
+    circles = [" -> ".join(chain) for m in layer if (chain := reaches(m, m))]
+    assert circles == []
+
+
+def test_python_m_cli_is_the_whole_command_and_runs_the_fit_layer_once():
+    """``python -m lit_constrained.cli`` runs the console (compare included) through the script
+    ``cli/__main__.py``; the fit layer is imported once, as ``lit_constrained.cli`` (a ``__main__`` block
+    in cli.py itself made it run twice: once as ``__main__``, once when the console imported it)."""
+    code = (
+        "import gc, runpy, sys\n"
+        "sys.argv = ['lit-constrained', 'fit', '--config', 'configs/curve/sqp_adam.yaml', '--print_config']\n"
+        "try: runpy.run_module('lit_constrained.cli', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as stop: assert stop.code in (0, None), stop.code\n"
+        "print('classes', sum(isinstance(o, type) and o.__name__ == 'ConstrainedCLI' for o in gc.get_objects()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "lit_constrained.optim.SQPAdam" in out.stdout
+    assert out.stdout.split()[-2:] == ["classes", "1"]

@@ -155,3 +155,21 @@ def test_the_shipped_configs_and_valid_options_pass_the_early_checks() -> None:
                                             "--model.init_args.optimizer.init_args.lr", "1e-4", "--ckpt_path", "last",
                                             "--trainer.callbacks+=lit_constrained.callbacks.StepSizeMonitor",
                                             "--seed_everything", "1", "--print_config"])
+
+
+def test_the_early_checks_read_the_installed_trainer() -> None:
+    """The Trainer's argument names that the early checks read from Lightning's source file (its layout,
+    not an API) are those of the installed Trainer; a Lightning that moved the file fails here, instead of
+    the checks going silently unchecked."""
+    import inspect
+
+    import lightning.pytorch as pl
+
+    read = cli_fast._trainer_signatures()
+    assert read is not None, (
+        f"lightning {pl.__version__}: class Trainer is no longer in lightning/pytorch/trainer/trainer.py; "
+        "point lit_constrained/cli_fast.py::_trainer_signatures at its new file"
+    )
+    for method in ("__init__", "fit", "validate", "test", "predict"):
+        installed = set(inspect.signature(getattr(pl.Trainer, method)).parameters) - {"self"}
+        assert read[method] == installed, method

@@ -118,8 +118,12 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         return "CrashSafeCheckpoint"
 
     # ------------------------------------------------------------------ where
+    # Lightning resolves fit(ckpt_path="last") before any callback hook runs, by calling this private
+    # method of every ModelCheckpoint (no public hook, no public "where is the last checkpoint"): the
+    # override is what points that lookup at the stable directory. If Lightning renames it, "last" looks
+    # in the versioned directory and starts fresh with a warning: tests/callbacks/test_checkpointing.py::
+    # test_the_private_checkpoint_hooks_exist and ::test_fit_ckpt_path_last_finds_the_stable_directory fail
     def _find_last_checkpoints(self, trainer: "pl.Trainer") -> set[str]:
-        # Lightning resolves ckpt_path="last" before any setup hook runs: fix the directory here too
         if self.dirpath is None:
             self.dirpath = stable_checkpoint_dir(trainer)
         return super()._find_last_checkpoints(trainer)
@@ -216,8 +220,11 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         return self.last_model_path
 
     def _save_last(self, trainer: "pl.Trainer") -> None:
-        # ModelCheckpoint's own (private) last-checkpoint machinery: it has no public "save last.ckpt now",
-        # and these keep its bookkeeping (last_model_path, the step saved) what Lightning expects
+        # ModelCheckpoint's own private last-checkpoint machinery (_should_skip_saving_checkpoint,
+        # _save_last_checkpoint, _monitor_candidates): it has no public "save last.ckpt now", and these keep
+        # its bookkeeping (last_model_path, last-v1 naming, the step saved, the loggers told) what Lightning
+        # expects. If one is renamed, saving raises AttributeError at the first step (loud), and
+        # tests/callbacks/test_checkpointing.py::test_the_private_checkpoint_hooks_exist names it
         if self._should_skip_saving_checkpoint(trainer):
             return
         start = time.perf_counter()
@@ -297,6 +304,8 @@ def resolve_last(trainer: "pl.Trainer", ckpt_path: str | None) -> str | None:
     searched: list[str] = []
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint):
+            # the very lookup Lightning makes for ckpt_path="last" (private, no public equivalent: see
+            # CrashSafeCheckpoint._find_last_checkpoints), so this check and Lightning's resume agree
             found |= {p for p in callback._find_last_checkpoints(trainer) if Path(p).is_file()}
             searched.append(str(callback.dirpath))
     if found:

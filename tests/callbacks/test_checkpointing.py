@@ -119,6 +119,46 @@ def test_ckpt_path_last_without_a_checkpoint_is_an_error(tmp_path: Path) -> None
     assert resolve_last(trainer, "last-or-fresh") == "last"
 
 
+#: ModelCheckpoint's private methods CrashSafeCheckpoint and resolve_last override or call (no public
+#: equivalent: see the comments beside them in lit_constrained/callbacks/checkpointing.py)
+PRIVATE_MODEL_CHECKPOINT_API = ("_find_last_checkpoints", "_should_skip_saving_checkpoint",
+                                "_save_last_checkpoint", "_monitor_candidates")
+
+
+def test_the_private_checkpoint_hooks_exist() -> None:
+    missing = [name for name in PRIVATE_MODEL_CHECKPOINT_API if not callable(getattr(pl.callbacks.ModelCheckpoint, name, None))]
+    assert not missing, (
+        f"lightning {pl.__version__}: ModelCheckpoint has no {missing}; CrashSafeCheckpoint "
+        "(lit_constrained/callbacks/checkpointing.py) overrides or calls them: move it to what replaced them"
+    )
+
+
+def test_fit_ckpt_path_last_finds_the_stable_directory(tmp_path: Path) -> None:
+    """A second run (a new logger version) resumes with plain ``Trainer.fit(ckpt_path="last")`` from the
+    first run's ``last.ckpt`` in ``<save_dir>/<name>/checkpoints``: Lightning's own lookup of "last" reaches
+    CrashSafeCheckpoint's directory (the override of its private ``_find_last_checkpoints``)."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    def run(max_steps: int, ckpt_path: str | None) -> pl.Trainer:
+        model, data = curve()
+        trainer = quiet_trainer(max_steps=max_steps, limit_val_batches=0, enable_checkpointing=True,
+                                logger=CSVLogger(str(tmp_path), name="run"),
+                                callbacks=[CrashSafeCheckpoint(every_n_steps=2, handle_signals=False)])
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+        return trainer
+
+    first = run(2, None)
+    stable = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert first.checkpoint_callback.last_model_path == str(stable) and stable.is_file()
+    second = run(4, "last")
+    assert second.logger.version == 1  # a new version directory, the same checkpoint directory
+    assert second.ckpt_path is not None and Path(second.ckpt_path) == stable, (
+        f"fit(ckpt_path='last') resumed from {second.ckpt_path!r}, not {stable}: Lightning no longer calls "
+        "ModelCheckpoint._find_last_checkpoints (overridden by CrashSafeCheckpoint)"
+    )
+    assert second.global_step == 4
+
+
 @pytest.mark.slow
 def test_cli_ckpt_path_last_without_checkpoint_exits_with_the_error(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}

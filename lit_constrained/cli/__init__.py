@@ -12,14 +12,19 @@ a config can name a task in a file next to it (``class_path: mytask.MyTask``). T
 (plain help, no abbreviations, no silently dropped init args, the resolved config saved only into the
 run's log directory) is :mod:`lit_constrained.cli_parsing`.
 
+Every hook overridden here is one of LightningCLI's public extension points (``parse_arguments``,
+``instantiate_trainer``, ``before_fit``); none of its private methods is overridden or called.
+
 ``python -m lit_constrained.cli ...`` (e.g. under ``torchrun -m``) is the whole ``lit-constrained``
-command.
+command: that script is :mod:`lit_constrained.cli.__main__`, which nothing imports, so this module never
+imports the console (console -> compare -> cli is one-way).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,12 +36,14 @@ import lit_constrained.callbacks  # noqa: F401  (registers short class paths)
 import lit_constrained.optim  # noqa: F401
 import lit_constrained.tasks  # noqa: F401
 from lit_constrained.callbacks.checkpointing import resolve_last, with_default_checkpoint
-from lit_constrained.callbacks.watchdog import LauncherWatchdog
 from lit_constrained.callbacks.monitoring import default_logger
 from lit_constrained.callbacks.progress import LineProgress
-from lit_constrained.class_spec import TRUSTED_MODULES, check_trusted, class_paths_in
+from lit_constrained.callbacks.watchdog import LauncherWatchdog
+from lit_constrained.checkpoint_integrity import read_checkpoint
+from lit_constrained.class_spec import TRUSTED_MODULES, check_checkpoint_names, class_paths_in
 from lit_constrained.cli_parsing import ConstrainedArgumentParser, RunConfigSaver
 from lit_constrained.module import ConstrainedModule
+
 
 class ConstrainedCLI(LightningCLI):
     """LightningCLI with the package's defaults.
@@ -72,67 +79,93 @@ class ConstrainedCLI(LightningCLI):
                  **kwargs: Any) -> None:
         super().__init__(model_class, datamodule_class, **{**self.DEFAULTS, **kwargs})
 
-    # --- parsing, trusted checkpoints, progress ---
+    # --- parsing, trusted checkpoints ---
     def parse_arguments(self, parser: Any, args: Any) -> None:
-        """As LightningCLI's, without its warning about ``args`` given next to a command line: the
-        package's entry points (the console script, the comparison's workers) pass the command line
-        they dispatch as ``args``."""
-        self.config = parser.parse_object(args) if isinstance(args, (dict, Namespace)) else parser.parse_args(args)
+        """LightningCLI's parsing, then the trusted-checkpoint check.
 
-    def _parse_ckpt_path(self) -> None:
-        """Lightning reads ``--ckpt_path``'s hyper-parameters into the config (importing every class
-        path they name): only class paths of trusted modules are allowed through, checked before."""
-        subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path and os.path.isfile(str(ckpt_path)):
-            from lit_constrained.checkpoint_integrity import read_checkpoint  # one clear line if unreadable
-            from lit_constrained.class_spec import check_checkpoint_names  # any importable string, any key
+        * Without LightningCLI's warning about ``args`` given next to a command line: the package's
+          entry points (the console script, the comparison's workers) pass the command line they
+          dispatch as ``args``.
+        * ``--ckpt_path``: LightningCLI reads the checkpoint's hyper-parameters into the config right
+          after this hook returns (importing every class path they name); only class paths of trusted
+          modules may be named there, checked here, before (:func:`check_trusted_checkpoint`).
+        """
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_ARGS_WITH_COMMAND_LINE_WARNING)
+            super().parse_arguments(parser, args)
+        check_trusted_checkpoint(self.config)
+    # --- end parsing, trusted checkpoints ---
 
-            checkpoint = read_checkpoint(ckpt_path, weights_only=True, map_location="cpu", mmap=True)
-            named_in_config = {path.rpartition(".")[0] for path in class_paths_in(self.config[subcommand].as_dict())}
-            check_checkpoint_names(checkpoint, (*TRUSTED_MODULES, *named_in_config), str(ckpt_path))
-        super()._parse_ckpt_path()
-
-    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> pl.Trainer:
-        """A line-per-interval progress report instead of the bar when stdout is not a terminal."""
-        config = self._with_default_logger(config)  # runs named by task and optimizer
-        if not sys.stdout.isatty() and config.get("enable_progress_bar", True) is not False:
-            configured = config.get("callbacks") or []
-            configured = configured if isinstance(configured, list) else [configured]
-            if not any(isinstance(c, pl.callbacks.ProgressBar) for c in [*configured, *callbacks]):
-                callbacks = [*callbacks, LineProgress()]
-        return super()._instantiate_trainer(config, callbacks)
-    # --- end parsing, trusted checkpoints, progress ---
-
-    # --- default logger: runs named by task and optimizer ---
-    def _with_default_logger(self, config: dict[str, Any]) -> dict[str, Any]:
-        """``trainer.logger`` unset: TensorBoard under ``lightning_logs/<task>/<Optimizer>/version_<nnn>``
-        (:func:`~lit_constrained.callbacks.monitoring.default_logger`); a configured logger, or
-        ``--trainer.logger false``, is kept as it is."""
-        if config.get("logger") in (None, True) and isinstance(getattr(self, "model", None), ConstrainedModule):
-            config = {**config, "logger": default_logger(self.model, config.get("default_root_dir"))}
-        return config
-    # --- end default logger ---
-
-    # --- crash-safe checkpoints (lit_constrained.callbacks.checkpointing) ---
+    # --- the Trainer: default logger, progress, crash-safe checkpoints, watchdog ---
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
-        """Adds a CrashSafeCheckpoint (rolling last.ckpt) unless checkpointing is off or configured, a
-        StopOnSignal unless a callback handles signals already, and a LauncherWatchdog unless configured."""
-        config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        """LightningCLI's Trainer, with the package's defaults passed as its ``kwargs``:
+
+        * ``logger`` unset: TensorBoard under ``lightning_logs/<task>/<Optimizer>/version_<nnn>``
+          (:func:`~lit_constrained.callbacks.monitoring.default_logger`); a configured logger, or
+          ``--trainer.logger false``, is kept as it is;
+        * ``callbacks``: a CrashSafeCheckpoint (rolling last.ckpt) unless checkpointing is off or
+          configured, a StopOnSignal unless a callback handles signals already
+          (:func:`~lit_constrained.callbacks.checkpointing.with_default_checkpoint`), a
+          LauncherWatchdog unless configured, and a line-per-interval progress report instead of the
+          bar when stdout is not a terminal (unless a progress bar is configured or bars are off).
+        """
+        config = {**self._subcommand_config().get("trainer", {}), **kwargs}
+        if config.get("logger") in (None, True) and isinstance(getattr(self, "model", None), ConstrainedModule):
+            kwargs["logger"] = default_logger(self.model, config.get("default_root_dir"))
         callbacks = with_default_checkpoint(config)
         if callbacks is None:
-            configured = config.get("callbacks")
-            callbacks = list(configured) if isinstance(configured, (list, tuple)) else [] if configured is None else [configured]
+            callbacks = _as_list(config.get("callbacks"))
         if not any(isinstance(c, LauncherWatchdog) for c in callbacks):
             callbacks = [*callbacks, LauncherWatchdog()]
+        if (not sys.stdout.isatty() and config.get("enable_progress_bar", True) is not False
+                and not any(isinstance(c, pl.callbacks.ProgressBar) for c in [*callbacks, *self._other_callbacks()])):
+            callbacks = [*callbacks, LineProgress()]
         kwargs["callbacks"] = callbacks
         return super().instantiate_trainer(**kwargs)
 
+    def _subcommand_config(self) -> Namespace:
+        """The instantiated config of the running subcommand (the whole config when there is none)."""
+        return self.config_init.get(str(self.subcommand), self.config_init)
+
+    def _other_callbacks(self) -> list[Any]:
+        """The callbacks LightningCLI adds besides ``trainer.callbacks``: those of the subcommand's own
+        callback arguments (``add_lightning_class_args(SomeCallback, key)``: instantiated at the top
+        level of its config) and of ``trainer_defaults``."""
+        own = [value for value in self._subcommand_config().values() if isinstance(value, pl.Callback)]
+        return [*own, *_as_list(self.trainer_defaults.get("callbacks"))]
+    # --- end the Trainer ---
+
+    # --- ckpt_path last (lit_constrained.callbacks.checkpointing) ---
     def before_fit(self) -> None:
         """``--ckpt_path last`` without a last checkpoint is an error (``last-or-fresh`` opts in to start fresh)."""
         config = self.config_init[self.subcommand]
         config["ckpt_path"] = resolve_last(self.trainer, config.get("ckpt_path"))
-    # --- end crash-safe checkpoints ---
+    # --- end ckpt_path last ---
+
+
+#: the start of LightningCLI's warning about ``args`` given while ``sys.argv`` holds a command line
+_ARGS_WITH_COMMAND_LINE_WARNING = "LightningCLI's args parameter is intended"
+
+
+def _as_list(callbacks: Any) -> list[Any]:
+    if callbacks is None:
+        return []
+    return list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+
+
+def check_trusted_checkpoint(config: Namespace) -> None:
+    """Raise :class:`~lit_constrained.class_spec.UntrustedClassPathError` if the subcommand's
+    ``ckpt_path`` names, in its hyper-parameters, a class path outside the trusted modules and the
+    modules the config itself names (:func:`lit_constrained.class_spec.check_checkpoint_names`);
+    an unreadable checkpoint is one clear error (:func:`lit_constrained.checkpoint_integrity.read_checkpoint`).
+    Nothing is imported."""
+    subcommand = config.get("subcommand")
+    ckpt_path = config[subcommand].get("ckpt_path") if subcommand else None
+    if not ckpt_path or not os.path.isfile(str(ckpt_path)):
+        return
+    checkpoint = read_checkpoint(ckpt_path, weights_only=True, map_location="cpu", mmap=True)
+    named_in_config = {path.rpartition(".")[0] for path in class_paths_in(config[subcommand].as_dict())}
+    check_checkpoint_names(checkpoint, (*TRUSTED_MODULES, *named_in_config), str(ckpt_path))
 
 
 def put_working_directory_on_path() -> None:
@@ -158,8 +191,3 @@ def run_fit(args: Sequence[str] = (), top_level: Sequence[str] = ()) -> None:
     """
     main([*top_level, "fit", *args])
 
-
-if __name__ == "__main__":
-    from lit_constrained.console import main as console_main  # the whole command, compare included
-
-    console_main()
