@@ -23,7 +23,6 @@ validation loader (so a run of any length reports them).
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from typing import Any
@@ -35,6 +34,10 @@ from torch import Tensor
 
 from lit_constrained.batch import as_task_sees_it
 from lit_constrained.callbacks.health import RunHealth
+from lit_constrained.module_parts.evaluation import evaluate, measures_residual
+from lit_constrained.module_parts.tags import OBJECTIVE, RESIDUAL, VIOLATION, tag
+from lit_constrained.module_parts.trainer_checks import attached_trainer, imposes_constraints
+from lit_constrained.module_parts.validation_pass import as_loader_list, overrides_hook, validation_batches
 
 
 def _fmt(value: float | None) -> str:
@@ -47,19 +50,10 @@ def _max_abs(c: Any) -> float | None:
     return float(c.detach().abs().max())
 
 
-def overrides(module: pl.LightningModule, name: str) -> bool:
-    """Whether ``module``'s class overrides ConstrainedModule's ``name`` hook."""
-    from lit_constrained.module import ConstrainedModule
-
-    return getattr(type(module), name, None) is not getattr(ConstrainedModule, name, None)
-
-
 def constraint_role(pl_module: Any) -> str:
     """``"imposed"``, or what the fit's optimizer does with the constraints instead: ``"monitored, not
     imposed"`` (e.g. torch.optim.Adam, MoMo) or ``"penalized, not imposed"`` (with a penalty_weight)."""
-    from lit_constrained.callbacks.monitoring import imposes_constraints
-
-    trainer = getattr(pl_module, "_trainer", None)
+    trainer = attached_trainer(pl_module)
     optimizers = getattr(trainer, "optimizers", None) or []
     if not optimizers or imposes_constraints(optimizers[0]):
         return "imposed"
@@ -167,7 +161,7 @@ class FitSummary(Callback):
             role = constraint_role(pl_module)
             verb = "imposes" if role == "imposed" else "monitors" if role.startswith("monitored") else "penalizes"
             m = f"training {verb} {m_imposed}: constraints()" if m_imposed else f"the {role.split(',')[0]} ones are constraints()"
-            if overrides(pl_module, "validation_constraints"):
+            if measures_residual(pl_module):
                 return f"max |r| over all {rows} residuals of validation_constraints(){per_rank} ({m})"
             return f"max |c| over the {rows} imposed constraints, constraints() on the {stage} data{per_rank}"
         if "violation" in lowered:
@@ -212,26 +206,20 @@ class FitSummary(Callback):
         datamodule = trainer.datamodule
         if datamodule is None or not overrides_hook(datamodule, "val_dataloader"):
             return {}
-        limit = trainer.limit_val_batches
-        if limit == 0:  # validation switched off: none at the end either
+        if trainer.limit_val_batches == 0:  # validation switched off: none at the end either
             return {}
-        loader = datamodule.val_dataloader()
-        if isinstance(limit, int) or limit < 1.0:  # the Trainer's limit on the number of batches
-            total = len(loader) if hasattr(loader, "__len__") else None
-            count = limit if isinstance(limit, int) else (math.ceil(limit * total) if total else None)
-            loader = itertools.islice(loader, count) if count is not None else loader
+        loaders = as_loader_list(datamodule.val_dataloader())
         imposed, residual, objectives, metrics = _EvalCount(), _EvalCount(), [], {}
-        has_residual = overrides(pl_module, "validation_constraints")
+        has_residual = measures_residual(pl_module)
         was_training = pl_module.training
         pl_module.eval()
         try:
             with torch.enable_grad():
-                for batch in loader:
-                    # the Trainer's own path: device transfer and the batch-transfer hooks (dtype casts)
-                    batch = trainer.strategy.batch_to_device(batch, dataloader_idx=0)
-                    batch = trainer.precision_plugin.convert_input(batch)  # e.g. 64-true's float64 cast
+                # the Trainer's own path: limit_val_batches, device transfer and the batch-transfer
+                # hooks, the precision plugin's cast and context (e.g. 64-true's float64)
+                for batch in validation_batches(trainer, loaders):
                     with trainer.precision_plugin.val_step_context():
-                        f, c, r, task_metrics = pl_module._evaluate(batch, "val")
+                        f, c, r, task_metrics = evaluate(pl_module, batch, "val")
                     objectives.append(float(f))
                     imposed.add(c)
                     if has_residual:
@@ -242,7 +230,7 @@ class FitSummary(Callback):
             pl_module.train(was_training)
         self._evals["val"] = residual if has_residual else imposed
         self._imposed_evals["val"] = imposed
-        objective_key, violation_key, residual_key = _evaluation_tags("val")
+        objective_key, violation_key, residual_key = tag(OBJECTIVE, "val"), tag(VIOLATION, "val"), tag(RESIDUAL, "val")
         out = {objective_key: sum(objectives) / len(objectives)} if objectives else {}
         out.update({f"val/{k}": sum(v) / len(v) for k, v in metrics.items()})
         if imposed.max_abs is not None:
@@ -311,17 +299,3 @@ class FitSummary(Callback):
             lines.append(f"    {key:<{width}}  {_fmt(figures[key])}   {self.meaning(pl_module, 'val', key)}")
         return lines
 
-
-def overrides_hook(datamodule: pl.LightningDataModule, name: str) -> bool:
-    """Whether the DataModule defines ``name`` itself (LightningDataModule's raises)."""
-    return getattr(type(datamodule), name, None) is not getattr(pl.LightningDataModule, name, None)
-
-
-def _evaluation_tags(stage: str) -> tuple[str, str, str]:
-    """The names the module logs evaluation figures under: objective, imposed violation, residual."""
-    try:
-        from lit_constrained.callbacks.monitoring import OBJECTIVE, RESIDUAL, VIOLATION, tag
-
-        return tag(OBJECTIVE, stage), tag(VIOLATION, stage), tag(RESIDUAL, stage)
-    except ImportError:
-        return f"{stage}/objective", f"{stage}/violation_max", f"{stage}/residual_max"

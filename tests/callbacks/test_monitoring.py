@@ -280,7 +280,7 @@ def test_screenshot_script_writes_both_views(run: dict[str, Any], tmp_path: Path
 
 
 def test_start_validation_respects_limit_val_batches() -> None:
-    from lit_constrained.module import _batch_limit
+    from lit_constrained.module_parts.validation_pass import batch_limit as _batch_limit
 
     assert _batch_limit(3, range(10)) == 3
     assert _batch_limit(0.5, range(10)) == 5
