@@ -103,7 +103,16 @@ from torch.optim import Optimizer
 from torch.optim.optimizer import ParamsT
 
 from .autocast import outside_autocast
-from .checks import check_beta, check_betas, check_lr, check_positive, check_shared_keys, loss_from_closure
+from .checks import (
+    all_finite,
+    check_beta,
+    check_betas,
+    check_finite,
+    check_lr,
+    check_positive,
+    check_shared_keys,
+    loss_from_closure,
+)
 from .flat import real_view
 
 GLOBAL_KEY = "momo"
@@ -170,8 +179,7 @@ def estimate_lower_bound(
 def _dot_sum(a: list[Tensor], b: list[Tensor], dtype: torch.dtype) -> Tensor:
     r""":math:`\sum_i \langle a_i, b_i\rangle` as a 0-dim ``dtype`` tensor, on the device.
 
-    One dot per tensor in the tensors' dtype (BLAS), summed in ``dtype``. torch has no multi-tensor dot;
-    ``torch._foreach_mm`` on (1, n) x (n, 1) views was 8x slower than BLAS dots on CPU.
+    One dot per tensor in the tensors' dtype (BLAS), summed in ``dtype`` (torch has no multi-tensor dot).
     """
     dots = [_dot(x, y) for x, y in zip(a, b)]
     if len(dots) == 1:
@@ -180,7 +188,22 @@ def _dot_sum(a: list[Tensor], b: list[Tensor], dtype: torch.dtype) -> Tensor:
 
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:
-    return torch.dot(a.reshape(-1), b.reshape(-1))
+    return torch.dot(_flat(a), _flat(b))
+
+
+def _flat(t: Tensor) -> Tensor:
+    """``t`` as a vector (a view where the layout allows)."""
+    return t if t.dim() == 1 else t.reshape(-1)
+
+
+def _model_dots(params: list[Tensor], grads: list[Tensor], directions: list[Tensor], work: list[Tensor]) -> list[Tensor]:
+    r"""Per tensor :math:`\langle g, x\rangle, \langle d, x\rangle, \langle d, U\rangle` (interleaved, in the
+    tensors' dtype), every tensor flattened once. torch has no multi-tensor dot: one BLAS dot each."""
+    dots = []
+    for x, g, d, u in zip(params, grads, directions, work):
+        x, g, d, u = _flat(x), _flat(g), _flat(d), _flat(u)
+        dots += [torch.dot(g, x), torch.dot(d, x), torch.dot(d, u)]
+    return dots
 
 
 def _device_scalar(value: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -259,11 +282,8 @@ class _MoMoBase(Optimizer, ABC):
     @abstractmethod
     def _moments_and_dots(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], float, list[Tensor]]:
         """Update the moments of one group; return (U, s, dots) with D^{-1} d = s * U and, per tensor
-        of the group, the inner products <g, x>, <d, x>, <d, U> (in that order, interleaved).
-
-        One tensor at a time, all of its passes in a row (the tensor stays in cache between them): on
-        CPU this was 4-14 % faster than one pass over all tensors per operation (benchmarks/bench_momo.py).
-        """
+        of the group, the inner products <g, x>, <d, x>, <d, U> (in that order, interleaved: see
+        :func:`_model_dots`)."""
 
     @abstractmethod
     def _apply(self, g: _Group, step: Tensor, direction: list[Tensor]) -> None:
@@ -336,8 +356,10 @@ class _MoMoBase(Optimizer, ABC):
         # 1. the loss (and, when asked, the finiteness check before anything changes: the one host sync)
         f = loss.to(device=device, dtype=dtype)
         if first["check_finite"]:
-            self._raise_if_not_finite(f, _dot_sum([t for g in groups for t in g.grads],
-                                                  [p for g in groups for p in g.params], dtype))
+            gx = _dot_sum([t for g in groups for t in g.grads], [p for g in groups for p in g.params], dtype)
+            if not all_finite(torch.stack([f, gx])):  # the one host sync; the failure path names the culprit
+                check_finite(f"{type(self).__name__}: the loss", f)
+                check_finite(f"{type(self).__name__}: <g, x> (the gradient or the parameters)", gx)
 
         # 2. moments, then all inner products in one table: <g, x>, <d, x>, <d, D^-1 d> / s per tensor
         directions, scales, sizes, dots = [], [], [], []
@@ -347,13 +369,13 @@ class _MoMoBase(Optimizer, ABC):
             scales.append(s)
             sizes.append(len(u))
             dots += group_dots
-        table = torch.stack(dots).to(dtype).view(-1, 3).t()  # rows: <g, x>, <d, x>, <d, U> per tensor
+        table = torch.stack(dots).view(-1, 3)  # columns: <g, x>, <d, x>, <d, U>; a row per tensor
         if len(groups) == 1:
-            gx, d_dot_x, du = table.sum(1).unbind()
+            gx, d_dot_x, du = table.sum(0, dtype=dtype).unbind()
             dnorms = [scales[0] * du]
         else:
-            gx, d_dot_x = table[:2].sum(1).unbind()
-            dnorms = [s * part.sum() for s, part in zip(scales, table[2].split(sizes))]
+            gx, d_dot_x = table[:, :2].sum(0, dtype=dtype).unbind()
+            dnorms = [s * part.sum(dtype=dtype) for s, part in zip(scales, table[:, 2].split(sizes))]
         d_norm_sq = dnorms[0] if len(dnorms) == 1 else torch.stack(dnorms).sum()
         if previous is None:  # the averages start at 0 (or, weight 1, at the first sample)
             loss_avg, gamma = f * weight, gx * weight
@@ -394,16 +416,6 @@ class _MoMoBase(Optimizer, ABC):
             if not isinstance(used, Tensor):
                 used = torch.full((), used, dtype=dtype, device=device)
             self.diagnostics["lower_bound_used"] = used
-
-    def _raise_if_not_finite(self, f: Tensor, gx: Tensor) -> None:
-        """``check_finite=True``: one host sync; raise before anything is changed."""
-        if bool(torch.isfinite(f) & torch.isfinite(gx)):
-            return
-        what = "loss" if not bool(torch.isfinite(f)) else "gradient (or parameters)"
-        raise ValueError(
-            f"{type(self).__name__}: the {what} is not finite (loss={float(f)!r}, <g, x>={float(gx)!r}); the "
-            "step was not taken. Check the loss at this batch (a diverging run, a bad batch, log of 0, ...)."
-        )
 
 
 def _add_scaled_(params: list[Tensor], direction: list[Tensor], step: Tensor) -> None:
@@ -486,12 +498,9 @@ class MoMo(_MoMoBase):
         return {"grad_avg": torch.zeros_like(p, memory_format=torch.preserve_format)}
 
     def _moments_and_dots(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], float, list[Tensor]]:
-        directions, dots = [], []
-        for x, grad, state in zip(g.params, g.grads, g.states):
-            d = state["grad_avg"].lerp_(grad, weight)
-            directions.append(d)
-            dots += [_dot(grad, x), _dot(d, x), _dot(d, d)]
-        return directions, 1.0, dots
+        directions = [state["grad_avg"] for state in g.states]
+        torch._foreach_lerp_(directions, g.grads, weight)
+        return directions, 1.0, _model_dots(g.params, g.grads, directions, directions)
 
     def _apply(self, g: _Group, step: Tensor, direction: list[Tensor]) -> None:
         shrink = 1.0 + float(g.group["lr"]) * float(g.group["weight_decay"])
@@ -534,6 +543,11 @@ class MoMoAdam(_MoMoBase):
         estimate_lower_bound: estimate :math:`f^*` online (MoMo-Adam*).
         decoupled_weight_decay: AdamW-style decay (appendix A.2) instead of the proximal one.
         check_finite: raise on a NaN/inf loss or gradient, at the cost of one host sync per step.
+        fused: how the moments and :math:`D^{-1} d` are formed, per group. ``None`` (default): in one
+            pass over memory by torch's fused Adam kernel where it applies (CPU or CUDA, floating
+            dtypes, contiguous tensors of one dtype per group), else by the reference multi-tensor ops;
+            ``False``: always the reference ops; ``True``: always the kernel (a ``ValueError`` says why
+            where it does not apply). Both give the same iterates up to round-off.
     """
 
     shared_keys = ("betas", "lower_bound", "estimate_lower_bound", "check_finite")
@@ -549,6 +563,7 @@ class MoMoAdam(_MoMoBase):
         estimate_lower_bound: bool = False,
         decoupled_weight_decay: bool = False,
         check_finite: bool = False,
+        fused: bool | None = None,
     ) -> None:
         check_lr(lr)
         check_betas(tuple(betas))
@@ -558,6 +573,8 @@ class MoMoAdam(_MoMoBase):
             raise ValueError(
                 f"Invalid decoupled_weight_decay={decoupled_weight_decay!r}: it must be True or False."
             )
+        if fused not in (None, True, False):
+            raise ValueError(f"Invalid fused={fused!r}: it must be None, True or False.")
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
@@ -567,8 +584,14 @@ class MoMoAdam(_MoMoBase):
             estimate_lower_bound=estimate_lower_bound,
             decoupled_weight_decay=decoupled_weight_decay,
             check_finite=check_finite,
+            fused=fused,
         )
         super().__init__(params, defaults)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # also load_state_dict's last call: groups saved before ``fused`` existed
+        for group in self.param_groups:
+            group.setdefault("fused", None)
 
     def _beta(self, group: dict[str, Any]) -> float:
         return float(group["betas"][0])
@@ -583,27 +606,15 @@ class MoMoAdam(_MoMoBase):
         }
 
     def _moments_and_dots(self, k: int, g: _Group, weight: float) -> tuple[list[Tensor], float, list[Tensor]]:
-        # D = eps + sqrt(v / c2) = (sqrt(v) + eps * sqrt(c2)) / sqrt(c2): with denom = sqrt(v) + eps sqrt(c2),
-        # D^{-1} d = sqrt(c2) * (d / denom), one elementwise pass fewer than forming D itself.
-        # U = d / denom goes into a persistent workspace (not part of the state): allocating n floats per
-        # step cost more than the arithmetic on CPU (page faults), see benchmarks/bench_momo.py.
-        beta2 = float(g.group["betas"][1])
-        root_c2 = math.sqrt(1.0 - beta2**k)
-        eps = float(g.group["eps"]) * root_c2
         work = self._workspace(g)
         exp_avgs = [state["exp_avg"] for state in g.states]
         exp_avg_sqs = [state["exp_avg_sq"] for state in g.states]
-        # the in-place moment updates as multi-tensor ops (one dispatch each for all tensors of the group)
-        torch._foreach_lerp_(exp_avgs, g.grads, weight)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, g.grads, g.grads, value=1.0 - beta2)
-        dots = []
-        for x, grad, d, v, u in zip(g.params, g.grads, exp_avgs, exp_avg_sqs, work):
-            torch.sqrt(v, out=u)
-            u.add_(eps)
-            torch.div(d, u, out=u)
-            dots += [_dot(grad, x), _dot(d, x), _dot(d, u)]
-        return work, root_c2, dots
+        if _use_fused(g, k):
+            _fused_moments(k, g, exp_avgs, exp_avg_sqs, work)
+            scale = -1.0  # work = -D^{-1} d
+        else:
+            scale = _reference_moments(k, g, exp_avgs, exp_avg_sqs, work)
+        return work, scale, _model_dots(g.params, g.grads, exp_avgs, work)
 
     def _workspace(self, g: _Group) -> list[Tensor]:
         """One scratch tensor per parameter (the real view's shape), reused across steps."""
@@ -627,6 +638,100 @@ class MoMoAdam(_MoMoBase):
         _add_scaled_(g.params, direction, step)
         if wd != 0.0:
             torch._foreach_mul_(g.params, 1.0 / (1.0 + lr * wd))
+
+
+# ---------------------------------------------------------------------------- MoMo-Adam's moments and D^-1 d
+
+FUSED_DEVICE_TYPES = ("cpu", "cuda")
+"""Where torch's fused Adam kernel forms MoMo-Adam's moments and :math:`D^{-1} d` (tested on both)."""
+
+FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+FUSED_MAX_STEP = 2**24
+"""The kernel reads the step count k as float32, exact up to here; later steps take the reference pass."""
+
+
+def _fused_unsupported(g: _Group, k: int) -> str | None:
+    """Why the fused pass cannot serve this group at step k (None when it can)."""
+    tensors = [*g.params, *g.grads, *(t for state in g.states for t in state.values())]
+    first = tensors[0]
+    if first.device.type not in FUSED_DEVICE_TYPES:
+        return f"the parameters are on {first.device.type}, the fused pass runs on {FUSED_DEVICE_TYPES}"
+    if first.dtype not in FUSED_DTYPES:
+        return f"the parameters are {first.dtype}, the fused pass takes {FUSED_DTYPES}"
+    if any(t.dtype != first.dtype or t.device != first.device for t in tensors):
+        return "the group mixes dtypes or devices (split it into one group per dtype and device)"
+    if not all(t.is_contiguous() for t in tensors):
+        return "a parameter, gradient or moment is not contiguous (the kernel walks memory in order)"
+    if k >= FUSED_MAX_STEP:
+        return f"step {k} is past {FUSED_MAX_STEP}, where float32 no longer holds the count exactly"
+    return None
+
+
+def _use_fused(g: _Group, k: int) -> bool:
+    """The group's ``fused`` choice: None uses the fused pass where it applies; True requires it."""
+    choice = g.group.get("fused")
+    if choice is False:
+        return False
+    reason = _fused_unsupported(g, k)
+    if reason is not None and choice is True:
+        raise ValueError(f"MoMoAdam(fused=True): {reason}. Pass fused=None (the default) to fall back to "
+                         "the reference pass there, or fused=False.")
+    return reason is None
+
+
+def _fused_moments(k: int, g: _Group, exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor], work: list[Tensor]) -> None:
+    r"""The moments in place and ``work`` :math:`= -D^{-1} d`, in one pass over memory (reads g, d, v).
+
+    torch's fused Adam kernel on a zeroed ``work`` in place of the parameters, without weight decay:
+    it sets :math:`d \leftarrow \beta_1 d + (1-\beta_1) g` (as ``lerp``),
+    :math:`v \leftarrow \beta_2 v + (1-\beta_2) g^2` and
+    :math:`w \leftarrow w - \frac{\alpha}{1-\beta_1^k}\, d / (\sqrt{v}/\sqrt{1-\beta_2^k} + \epsilon)`;
+    with :math:`w = 0` and :math:`\alpha = 1-\beta_1^k` (the same double-precision power, so the factor
+    is exactly 1) that is :math:`-D^{-1} d`. ``torch._fused_adam_`` is private, but it is the kernel of
+    the public ``torch.optim.Adam(fused=True)``, and no public op forms :math:`D^{-1} d` without four
+    separate passes (sqrt, add, div and the moment updates).
+    """
+    beta1, beta2 = (float(b) for b in g.group["betas"])
+    count = torch.full((), float(k), dtype=torch.float32, device=work[0].device)
+    torch._foreach_zero_(work)
+    torch._fused_adam_(
+        work,
+        g.grads,
+        exp_avgs,
+        exp_avg_sqs,
+        [],
+        [count] * len(work),
+        lr=1.0 - beta1**k,
+        beta1=beta1,
+        beta2=beta2,
+        weight_decay=0.0,
+        eps=float(g.group["eps"]),
+        amsgrad=False,
+        maximize=False,
+    )
+
+
+def _reference_moments(
+    k: int, g: _Group, exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor], work: list[Tensor]
+) -> float:
+    r"""The moments in place and ``work`` :math:`= U` with :math:`D^{-1} d = s U`; returns s.
+
+    :math:`D = \epsilon + \sqrt{v/c_2} = (\sqrt{v} + \epsilon\sqrt{c_2})/\sqrt{c_2}` with
+    :math:`c_2 = 1-\beta_2^k`, so :math:`U = d/(\sqrt{v} + \epsilon\sqrt{c_2})` and :math:`s = \sqrt{c_2}`:
+    one elementwise pass fewer than forming D itself. Separate multi-tensor ops (any device, dtype, layout).
+    """
+    beta1, beta2 = (float(b) for b in g.group["betas"])
+    root_c2 = math.sqrt(1.0 - beta2**k)
+    eps = float(g.group["eps"]) * root_c2
+    torch._foreach_lerp_(exp_avgs, g.grads, 1.0 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, g.grads, g.grads, value=1.0 - beta2)
+    for d, v, u in zip(exp_avgs, exp_avg_sqs, work):
+        torch.sqrt(v, out=u)
+        u.add_(eps)
+        torch.div(d, u, out=u)
+    return root_c2
 
 
 def _check_common(weight_decay: float, lower_bound: float, estimate_lower_bound: bool, check_finite: bool) -> None:
