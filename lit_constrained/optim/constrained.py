@@ -547,7 +547,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
             f"kept part {condition:.2g}): {m - rank} are dependent on the others ({why}). The step imposes "
             "their least-squares solution (the minimum-norm Gauss-Newton step), so not every constraint can "
             "reach 0: impose fewer or independent points, or use a larger network. The rank is logged as "
-            "optim/rank.", RuntimeWarning, stacklevel=4,
+            # stacklevel: the caller of optimizer.step (above torch's hook wrapper and the three decorators)
+            "optim/rank.", RuntimeWarning, stacklevel=8,
         )
 
     def _raise_nonfinite(self, g: Tensor, c: Tensor, J: Tensor) -> None:

@@ -282,6 +282,7 @@ class _SQPMoMoBase(ConstrainedOptimizer):
         gx = torch.dot(inputs.g, x).to(torch.float64)
         inputs.loss = LossModelInputs(value, f, x, gx)
         inputs.finite = torch.isfinite(f) & torch.isfinite(gx)
+        self._step_inputs = inputs  # (read by _raise_nonfinite on the failure path only)
         return inputs
 
     def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
@@ -304,19 +305,10 @@ class _SQPMoMoBase(ConstrainedOptimizer):
         return projection.factor if projection.scaling is None else self._factorize(jacobian)[0]
 
     def _raise_nonfinite(self, g: Tensor, c: Tensor, J: Tensor) -> None:
-        f = self._step_inputs.loss.f
-        if not bool(torch.isfinite(f)):
-            raise ValueError(
-                f"{type(self).__name__}: the loss is not finite ({float(f)!r}); the step was not taken. "
-                "Check the loss at this batch (a diverging run, a bad batch, log of 0, ...)."
-            )
-        check_finite("The objective gradient g (or the parameters)", g)
+        check_finite(f"{type(self).__name__}: the loss", self._step_inputs.loss.f)
+        check_finite("The objective gradient g", g)
         check_finite("The parameters x", self._step_inputs.loss.x)
         super()._raise_nonfinite(g, c, J)
-
-    def _projector(self, projection: Projection, inputs: StepInputs) -> Projector:
-        self._step_inputs = inputs  # (read by _raise_nonfinite on the failure path only)
-        return super()._projector(projection, inputs)
 
     def _compose(self, projection: Projection, projector: Projector, inputs: StepInputs,
                  record: dict[str, Tensor] | None) -> Composed:

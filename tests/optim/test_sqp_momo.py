@@ -344,7 +344,7 @@ def test_the_loss_is_required_and_bad_inputs_are_named() -> None:
     with pytest.raises(ValueError, match="jacobian J"):
         opt.step(lambda: 1.0, constraints=torch.zeros(1, dtype=F64),
                  jacobian=torch.tensor([[1.0, math.nan, 0.0]], dtype=F64))
-    with pytest.raises(ValueError, match="loss is not finite"):
+    with pytest.raises(ValueError, match="the loss contains 1 non-finite"):
         opt.step(lambda: math.inf, constraints=torch.zeros(1, dtype=F64), jacobian=torch.ones(1, 3, dtype=F64))
     # nothing changed (a state at step 0 is the initial state)
     assert torch.equal(x.detach(), torch.zeros(3, dtype=F64)) and opt.state["flat"]["step"] == 0
