@@ -215,6 +215,21 @@ def test_compare_runs_as_a_subcommand(tmp_path, capsys):
     assert "compare spring:" in capsys.readouterr().err
 
 
+def test_a_bare_print_config_before_the_subcommand_takes_no_value():
+    """``--print_config`` before the subcommand is ``--print_config=`` (jsonargparse's reading), so the
+    next word stays the subcommand; a config named like a subcommand, the subcommand's own arguments and
+    anything after ``--`` are left as they are."""
+    from lit_constrained.console import bare_print_config_as_empty, parser
+
+    assert bare_print_config_as_empty(["--print_config", "fit", "--print_config"]) == [
+        "--print_config=", "fit", "--print_config"]
+    assert bare_print_config_as_empty(["-c", "fit", "--print_config", "test"]) == ["-c", "fit", "--print_config=", "test"]
+    assert bare_print_config_as_empty(["--", "--print_config"]) == ["--", "--print_config"]
+    args = parser().parse_args(["--print_config", "validate", "--print_config"])
+    assert args.subcommand == "validate" and args.print_config == [""] and args.args == ["--print_config"]
+    assert parser().parse_args(["--print_config=skip_null", "fit"]).print_config == ["skip_null"]
+
+
 def test_console_errors_name_the_fix(dispatched, capsys):
     from lit_constrained.console import main as console
 

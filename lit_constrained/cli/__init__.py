@@ -109,9 +109,9 @@ class ConstrainedCLI(LightningCLI):
           LauncherWatchdog unless configured, and a line-per-interval progress report instead of the
           bar when stdout is not a terminal (unless a progress bar is configured or bars are off).
         """
-        config = {**self._subcommand_config().get("trainer", {}), **kwargs}
-        if config.get("logger") in (None, True) and isinstance(getattr(self, "model", None), ConstrainedModule):
-            kwargs["logger"] = default_logger(self.model, config.get("default_root_dir"))
+        config = self._with_default_logger({**self._subcommand_config().get("trainer", {}), **kwargs})
+        if "logger" in config:
+            kwargs["logger"] = config["logger"]
         callbacks = with_default_checkpoint(config)
         if callbacks is None:
             callbacks = _as_list(config.get("callbacks"))
@@ -122,6 +122,14 @@ class ConstrainedCLI(LightningCLI):
             callbacks = [*callbacks, LineProgress()]
         kwargs["callbacks"] = callbacks
         return super().instantiate_trainer(**kwargs)
+
+    def _with_default_logger(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` (the Trainer's) with ``logger`` unset (None or True) replaced by the package's
+        TensorBoard logger (:func:`~lit_constrained.callbacks.monitoring.default_logger`); a configured
+        logger, or ``--trainer.logger false``, is kept as it is."""
+        if config.get("logger") in (None, True) and isinstance(getattr(self, "model", None), ConstrainedModule):
+            config = {**config, "logger": default_logger(self.model, config.get("default_root_dir"))}
+        return config
 
     def _subcommand_config(self) -> Namespace:
         """The instantiated config of the running subcommand (the whole config when there is none)."""
