@@ -83,6 +83,14 @@ Details:
   ``check_finite=True`` the step reads one flag (:math:`f` and :math:`\langle g, x\rangle` finite) and
   raises ``ValueError`` before anything is changed; the package's ``TrainingStepper`` checks the loss
   and gradients itself (``on_nonfinite``).
+* Passes over memory (MoMo-Adam). :math:`\tau_k` needs three sums over the new :math:`d_k, D_k`
+  (:math:`\langle g, x\rangle, \langle d, x\rangle, \|d\|^2_{D^{-1}}`) before any :math:`x` moves, so the
+  step needs two passes at least: 10 n-vector reads and writes (read x, g, d, v and write d, v,
+  :math:`D^{-1} d`; read x, :math:`D^{-1} d` and write x), against 7 for Adam. With ``fused`` (the
+  default where it applies) torch's fused Adam kernel forms :math:`d, v, -D^{-1} d` in one pass over a
+  zeroed workspace; the three sums (a BLAS dot per tensor) and the update follow: 17 in all (torch's
+  multi-tensor Adam: 18; the reference multi-tensor ops: 24). ``benchmarks/bench_momo.py`` times them
+  against the bound.
 * A zero direction (:math:`\|d_k\| = 0`) gives :math:`\tau_k = \zeta_k = 0` and a zero step (with weight
   decay the shrinkage :math:`x/(1+\alpha\lambda)` still applies, as it is the exact proximal step).
 * Parameters whose ``.grad`` is None are left out of the step (not moved, moments untouched), as in
@@ -196,7 +204,9 @@ def _flat(t: Tensor) -> Tensor:
     return t if t.dim() == 1 else t.reshape(-1)
 
 
-def _model_dots(params: list[Tensor], grads: list[Tensor], directions: list[Tensor], work: list[Tensor]) -> list[Tensor]:
+def _model_dots(
+    params: list[Tensor], grads: list[Tensor], directions: list[Tensor], work: list[Tensor]
+) -> list[Tensor]:
     r"""Per tensor :math:`\langle g, x\rangle, \langle d, x\rangle, \langle d, U\rangle` (interleaved, in the
     tensors' dtype), every tensor flattened once. torch has no multi-tensor dot: one BLAS dot each."""
     dots = []
@@ -544,8 +554,8 @@ class MoMoAdam(_MoMoBase):
         decoupled_weight_decay: AdamW-style decay (appendix A.2) instead of the proximal one.
         check_finite: raise on a NaN/inf loss or gradient, at the cost of one host sync per step.
         fused: how the moments and :math:`D^{-1} d` are formed, per group. ``None`` (default): in one
-            pass over memory by torch's fused Adam kernel where it applies (CPU or CUDA, floating
-            dtypes, contiguous tensors of one dtype per group), else by the reference multi-tensor ops;
+            pass over memory by torch's fused Adam kernel where it applies (CPU, floating dtypes,
+            contiguous tensors of one dtype per group), else by the reference multi-tensor ops;
             ``False``: always the reference ops; ``True``: always the kernel (a ``ValueError`` says why
             where it does not apply). Both give the same iterates up to round-off.
     """
@@ -642,8 +652,9 @@ class MoMoAdam(_MoMoBase):
 
 # ---------------------------------------------------------------------------- MoMo-Adam's moments and D^-1 d
 
-FUSED_DEVICE_TYPES = ("cpu", "cuda")
-"""Where torch's fused Adam kernel forms MoMo-Adam's moments and :math:`D^{-1} d` (tested on both)."""
+FUSED_DEVICE_TYPES = ("cpu",)
+"""Where torch's fused Adam kernel forms MoMo-Adam's moments and :math:`D^{-1} d`: the CPU, where it is
+tested (torch has the kernel on CUDA too; there the multi-tensor reference ops run until it is tested)."""
 
 FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

@@ -228,6 +228,11 @@ CASES = [
     dict(adam=True, estimate=True, lower_bound=-1.0),
     dict(adam=True, weight_decay=0.3, decoupled=True, estimate=True),
 ]
+# MoMo-Adam both ways: torch's fused Adam kernel (fused=True raises where it would not run) and the
+# multi-tensor reference ops
+CASES = [c for c in CASES if not c["adam"]] + [
+    {**c, "fused": fused} for c in CASES if c["adam"] for fused in (True, False)
+]
 
 
 @pytest.mark.parametrize("two_groups", [False, True], ids=["one_group", "two_groups"])
@@ -252,7 +257,7 @@ def test_matches_independent_implementation_of_the_spec(case: dict, two_groups: 
         return float(loss.detach()), torch.cat([g.reshape(-1) for g in grads]).numpy()
 
     x0 = torch.nn.utils.parameters_to_vector(params).detach().numpy().copy()
-    xs, fstars, resets = reference(x0, slices, oracle, lrs, **case)
+    xs, fstars, resets = reference(x0, slices, oracle, lrs, **{k: v for k, v in case.items() if k != "fused"})
 
     kw = {k: v for k, v in case.items() if k not in ("adam", "estimate", "decoupled")}
     kw["estimate_lower_bound"] = case.get("estimate", False)
@@ -459,3 +464,132 @@ def test_plain_pytorch_usage_in_float32() -> None:
         first = first if first is not None else float(loss.detach())
     assert float(loss.detach()) < 1e-3 * first
     assert net.weight.dtype == torch.float32
+
+
+# ---------------------------------------------------------------------------- MoMo-Adam's fused pass
+
+
+def least_squares_oracle(A: Tensor, b: Tensor, batch: list[Tensor]):
+    """f and grad f of 0.5 mean((A x - b)^2) over step k's mini-batch, in float64 (for :func:`reference`)."""
+
+    def oracle(flat: np.ndarray, k: int) -> tuple[float, np.ndarray]:
+        idx = batch[k - 1]
+        r = A[idx] @ torch.from_numpy(flat) - b[idx]
+        return 0.5 * float((r**2).mean()), (A[idx].T @ r / len(idx)).numpy()
+
+    return oracle
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_momo_adam_in_float32_follows_the_spec_to_float32_round_off(fused: bool) -> None:
+    # float32 iterates against algorithms.md section 6 in float64 from the same start and batches; the lr
+    # alternates so that both branches of tau occur. Measured: max |x - x_ref| = 2.7e-7 max |x_ref| (both ways).
+    A, b = least_squares(seed=5, m=120, n=40)
+    batch = batches(120, 12, 1, seed=6)
+    lrs = [[lr] for lr in [1e-3, 10.0] * 5]
+    weight = torch.randn(5, 8, generator=torch.Generator().manual_seed(7), dtype=DT)
+    x0 = weight.reshape(-1).numpy().copy()  # the parameter is this (5, 8) matrix
+    xs, _, _ = reference(x0, [slice(0, 40)], least_squares_oracle(A, b, batch), lrs, adam=True)
+
+    x = torch.nn.Parameter(weight.float())
+    opt = MoMoAdam([x], lr=1.0, fused=fused)
+    taus, caps = [], []
+    for k, (lr_k, x_ref) in enumerate(zip(lrs, xs), start=1):
+        opt.param_groups[0]["lr"] = lr_k[0]
+        opt.zero_grad()
+        loss = 0.5 * ((A[batch[k - 1]].float() @ x.reshape(-1) - b[batch[k - 1]].float()) ** 2).mean()
+        loss.backward()
+        opt.step(lambda: loss, diagnostics=True)
+        taus.append(float(opt.diagnostics["tau"]))
+        caps.append(lr_k[0] / (1 - 0.9**k))
+        np.testing.assert_allclose(x.detach().reshape(-1).double().numpy(), x_ref, rtol=2e-5, atol=2e-6)
+    assert any(t == pytest.approx(c, rel=1e-6) for t, c in zip(taus, caps))  # the cap was active
+    assert any(t < 0.9 * c for t, c in zip(taus, caps))  # and the adaptive step
+
+
+def fused_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the calls of torch's fused Adam kernel."""
+    calls: list[int] = []
+    kernel = torch._fused_adam_
+
+    def counted(*args, **kwargs):
+        calls.append(len(args[0]))
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_fused_adam_", counted)
+    return calls
+
+
+def step_twice(params: list[Tensor], **kwargs) -> MoMoAdam:
+    opt = MoMoAdam(params, lr=0.5, **kwargs)
+    gen = torch.Generator().manual_seed(0)
+    for k in range(2):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype)
+        opt.step(lambda: torch.tensor(1.0 + k, dtype=DT))
+    return opt
+
+
+def test_the_default_takes_the_fused_kernel_on_contiguous_cpu_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fused_calls(monkeypatch)
+    step_twice([torch.zeros(3, 4, requires_grad=True), torch.zeros(4, requires_grad=True)])
+    assert calls == [2, 2]  # one call per step for the group's two tensors
+    step_twice([torch.zeros(3, 4, requires_grad=True)], fused=False)
+    assert calls == [2, 2]
+
+
+@pytest.mark.parametrize(
+    "make, why",
+    [
+        (lambda: [torch.zeros(4, 3, dtype=DT).t().requires_grad_()], "not contiguous"),
+        (lambda: [torch.zeros(3, dtype=DT, requires_grad=True), torch.zeros(3, requires_grad=True)], "mixes dtypes"),
+    ],
+    ids=["transposed", "mixed_dtypes"],
+)
+def test_where_the_kernel_does_not_apply_the_default_falls_back_and_fused_true_says_why(
+    make, why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = fused_calls(monkeypatch)
+    default, reference_ops = make(), make()
+    step_twice(default)
+    step_twice(reference_ops, fused=False)
+    assert calls == []
+    for p, q in zip(default, reference_ops):
+        assert torch.equal(p, q)  # the default ran the reference ops
+    with pytest.raises(ValueError, match=f"fused=True.*{why}"):
+        step_twice(make(), fused=True)
+
+
+def test_past_the_float32_step_count_the_reference_ops_take_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lit_constrained.optim.momo import FUSED_MAX_STEP
+
+    calls = fused_calls(monkeypatch)
+    x = torch.zeros(3, requires_grad=True)
+    opt = step_twice([x])
+    opt.state["momo"]["step"] = FUSED_MAX_STEP - 1
+    x.grad = torch.ones(3)
+    opt.step(lambda: torch.tensor(1.0))  # k = FUSED_MAX_STEP
+    assert len(calls) == 2 and opt.state["momo"]["step"] == FUSED_MAX_STEP
+    opt.param_groups[0]["fused"] = True
+    with pytest.raises(ValueError, match="float32 no longer holds the count"):
+        opt.step(lambda: torch.tensor(1.0))
+
+
+def test_param_groups_saved_before_fused_existed_load_with_the_default() -> None:
+    x = torch.zeros(3, requires_grad=True)
+    opt = step_twice([x])
+    saved = copy.deepcopy(opt.state_dict())
+    for group in saved["param_groups"]:
+        del group["fused"]
+    y = torch.zeros(3, requires_grad=True)
+    resumed = MoMoAdam([y], fused=False)
+    resumed.load_state_dict(saved)
+    assert resumed.param_groups[0]["fused"] is None
+    y.grad = torch.ones(3)
+    resumed.step(lambda: torch.tensor(1.0))
+    assert resumed.state["momo"]["step"] == 3
+
+
+def test_fused_must_be_none_true_or_false() -> None:
+    with pytest.raises(ValueError, match="Invalid fused"):
+        MoMoAdam([torch.zeros(2, requires_grad=True)], fused="yes")
