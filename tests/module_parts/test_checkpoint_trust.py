@@ -1,0 +1,43 @@
+"""module_parts.checkpoint_trust: the modules a checkpoint may name, a non-finite weight refused before
+it is written, and hyper-parameters that hold the optimizer as plain data (what a safe load reads)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+from lit_constrained.class_spec import TRUSTED_MODULES
+from lit_constrained.module_parts.checkpoint_trust import refuse_nonfinite_weights, trusted_modules_for
+from lit_constrained.optim import SQPAdam
+from lit_constrained.tasks.curve import CurveFit
+
+
+def test_trusted_modules_are_the_packages_the_task_and_the_callers() -> None:
+    assert trusted_modules_for(CurveFit, ["mine"]) == (*TRUSTED_MODULES, "lit_constrained.tasks.curve", "mine")
+    assert {"lit_constrained", "torch", "lightning"} <= set(TRUSTED_MODULES)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_nonfinite_weight_is_refused_by_name(bad: float) -> None:
+    weights = torch.ones(3)
+    weights[1] = bad
+    with pytest.raises(FloatingPointError, match="'net.0.weight' holds NaN/inf"):
+        refuse_nonfinite_weights({"state_dict": {"net.0.bias": torch.ones(2), "net.0.weight": weights}})
+
+
+def test_finite_and_integer_entries_pass() -> None:
+    refuse_nonfinite_weights({"state_dict": {"w": torch.ones(2), "steps": torch.tensor([2**40]), "x": "text"}})
+    refuse_nonfinite_weights({})
+
+
+def test_the_hyper_parameters_hold_the_optimizer_as_a_plain_spec() -> None:
+    # what the checkpoint stores (hparams) and what the logger is given (hparams_initial): the same dict
+    task = CurveFit(hidden=4, optimizer=functools.partial(SQPAdam, lr=0.02))
+    expected = {"class_path": f"{SQPAdam.__module__}.SQPAdam", "init_args": {"lr": 0.02}}
+    assert task.hparams["optimizer"] == task.hparams_initial["optimizer"] == expected
+    assert task.hparams["lr_scheduler"] is None and task.hparams_initial["lr_scheduler"] is None
+    assert list(task.hparams)[:2] == list(task.hparams_initial)[:2]  # the init order kept
+    assert task.hparams["hidden"] == 4
