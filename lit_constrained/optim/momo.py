@@ -147,7 +147,10 @@ def adaptive_step(
     computed on the device (no host sync).
     """
     scale = 1.0 + lr * weight_decay
-    gap = torch.add(d_dot_x, (loss_avg - gamma) - rho * lower_bound, alpha=scale)
+    offset = loss_avg - gamma
+    if isinstance(lower_bound, Tensor) or lower_bound != 0.0:  # (f* = 0, the default: one op fewer)
+        offset = offset - rho * lower_bound
+    gap = torch.add(d_dot_x, offset, alpha=scale)
     zeta = torch.where(d_norm_sq > 0.0, gap.clamp_min(0.0) / d_norm_sq, 0.0)  # (0/0 in the masked lane only)
     return zeta.clamp(max=lr / rho), zeta
 
@@ -403,7 +406,7 @@ class _MoMoBase(Optimizer, ABC):
         for g, u, s in zip(groups, directions, scales):
             lr, wd = float(g.group["lr"]), float(g.group["weight_decay"])
             tau, zeta = adaptive_step(lr=lr, weight_decay=wd, d_norm_sq=d_norm_sq, lower_bound=f_star, **model)
-            self._apply(g, (tau * -s).to(u[0].dtype), u)
+            self._apply(g, (tau if s == -1.0 else tau * -s).to(u[0].dtype), u)
             taus.append(tau)
             zetas.append(zeta)
 
@@ -652,28 +655,28 @@ class MoMoAdam(_MoMoBase):
 
 # ---------------------------------------------------------------------------- MoMo-Adam's moments and D^-1 d
 
-FUSED_DEVICE_TYPES = ("cpu",)
-"""Where torch's fused Adam kernel forms MoMo-Adam's moments and :math:`D^{-1} d`: the CPU, where it is
-tested (torch has the kernel on CUDA too; there the multi-tensor reference ops run until it is tested)."""
-
 FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""The dtypes of torch's fused Adam kernel. It forms MoMo-Adam's moments and :math:`D^{-1} d` on the CPU,
+where it is tested (torch has the kernel on CUDA too; there the multi-tensor reference ops run)."""
 
 FUSED_MAX_STEP = 2**24
 """The kernel reads the step count k as float32, exact up to here; later steps take the reference pass."""
 
 
 def _fused_unsupported(g: _Group, k: int) -> str | None:
-    """Why the fused pass cannot serve this group at step k (None when it can)."""
-    tensors = [*g.params, *g.grads, *(t for state in g.states for t in state.values())]
-    first = tensors[0]
-    if first.device.type not in FUSED_DEVICE_TYPES:
-        return f"the parameters are on {first.device.type}, the fused pass runs on {FUSED_DEVICE_TYPES}"
-    if first.dtype not in FUSED_DTYPES:
-        return f"the parameters are {first.dtype}, the fused pass takes {FUSED_DTYPES}"
-    if any(t.dtype != first.dtype or t.device != first.device for t in tensors):
-        return "the group mixes dtypes or devices (split it into one group per dtype and device)"
-    if not all(t.is_contiguous() for t in tensors):
-        return "a parameter, gradient or moment is not contiguous (the kernel walks memory in order)"
+    """Why the fused pass cannot serve this group at step k (None when it can). Checked at every step,
+    cheaply (``is_cpu``, ``dtype``, ``is_contiguous`` of each tensor): the kernel walks raw memory."""
+    dtype = g.params[0].dtype
+    if dtype not in FUSED_DTYPES:
+        return f"the parameters are {dtype}, the fused pass takes {FUSED_DTYPES}"
+    for x, grad, state in zip(g.params, g.grads, g.states):
+        for t in (x, grad, *state.values()):
+            if not t.is_cpu:
+                return f"a tensor is on {t.device}, the fused pass runs on the CPU"
+            if t.dtype != dtype:
+                return "the group mixes dtypes (split it into one group per dtype)"
+            if not t.is_contiguous():
+                return "a parameter, gradient or moment is not contiguous (the kernel walks memory in order)"
     if k >= FUSED_MAX_STEP:
         return f"step {k} is past {FUSED_MAX_STEP}, where float32 no longer holds the count exactly"
     return None
