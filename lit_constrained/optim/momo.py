@@ -557,7 +557,7 @@ class MoMoAdam(_MoMoBase):
         decoupled_weight_decay: AdamW-style decay (appendix A.2) instead of the proximal one.
         check_finite: raise on a NaN/inf loss or gradient, at the cost of one host sync per step.
         fused: how the moments and :math:`D^{-1} d` are formed, per group. ``None`` (default): in one
-            pass over memory by torch's fused Adam kernel where it applies (CPU, floating dtypes,
+            pass over memory by torch's fused Adam kernel where it applies (CPU, float32 or float64,
             contiguous tensors of one dtype per group), else by the reference multi-tensor ops;
             ``False``: always the reference ops; ``True``: always the kernel (a ``ValueError`` says why
             where it does not apply). Both give the same iterates up to round-off.
@@ -655,9 +655,10 @@ class MoMoAdam(_MoMoBase):
 
 # ---------------------------------------------------------------------------- MoMo-Adam's moments and D^-1 d
 
-FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-"""The dtypes of torch's fused Adam kernel. It forms MoMo-Adam's moments and :math:`D^{-1} d` on the CPU,
-where it is tested (torch has the kernel on CUDA too; there the multi-tensor reference ops run)."""
+FUSED_DTYPES = (torch.float32, torch.float64)
+"""Where torch's fused Adam kernel forms MoMo-Adam's moments and :math:`D^{-1} d`: float32 and float64 on
+the CPU, where it is tested (torch has it for half precision and on CUDA too; there the multi-tensor
+reference ops run)."""
 
 FUSED_MAX_STEP = 2**24
 """The kernel reads the step count k as float32, exact up to here; later steps take the reference pass."""
@@ -694,7 +695,9 @@ def _use_fused(g: _Group, k: int) -> bool:
     return reason is None
 
 
-def _fused_moments(k: int, g: _Group, exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor], work: list[Tensor]) -> None:
+def _fused_moments(
+    k: int, g: _Group, exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor], work: list[Tensor]
+) -> None:
     r"""The moments in place and ``work`` :math:`= -D^{-1} d`, in one pass over memory (reads g, d, v).
 
     torch's fused Adam kernel on a zeroed ``work`` in place of the parameters, without weight decay:

@@ -543,8 +543,9 @@ def test_the_default_takes_the_fused_kernel_on_contiguous_cpu_tensors(monkeypatc
     [
         (lambda: [torch.zeros(4, 3, dtype=DT).t().requires_grad_()], "not contiguous"),
         (lambda: [torch.zeros(3, dtype=DT, requires_grad=True), torch.zeros(3, requires_grad=True)], "mixes dtypes"),
+        (lambda: [torch.zeros(3, dtype=torch.bfloat16, requires_grad=True)], "the fused pass takes"),
     ],
-    ids=["transposed", "mixed_dtypes"],
+    ids=["transposed", "mixed_dtypes", "bfloat16"],
 )
 def test_where_the_kernel_does_not_apply_the_default_falls_back_and_fused_true_says_why(
     make, why: str, monkeypatch: pytest.MonkeyPatch
