@@ -91,8 +91,8 @@ SCALED_RESIDUAL_BLOCK = 64
 r"""The block of the scaled residuals :math:`J (d \odot v)` (Adam(con)): the scaling spreads the products'
 magnitudes (H^{-1/2} spans ~1e3 for a random gradient), which the estimate of :func:`residual_error`
 does not see. At n = 1e5, m = 10, cond(J) = 1e2 (J from an SVD, 18 instances) Adam(con)'s
-||J d + c|| / ||c|| was at most 9.2e-7 with 256-column blocks, 6.3e-7 with 128 and 4.5e-7 with 64;
-a 64-column residual costs ~1.25x a 256-column one (7.3 against 5.9 ms at n = 1e6, m = 10)."""
+||J d + c|| / ||c|| was at most 9.2e-7 with 256-column blocks, 6.3e-7 with 128 and 4.5e-7 with 64.
+Its cost against a 256-column residual: docs/optim_measurements.md (blocked residual)."""
 
 TARGET_ERROR = 1e-6
 """Refine until the estimated relative error of J delta = -s c is below this (float32 data; about the
@@ -104,8 +104,8 @@ MAX_REFINEMENTS = 2
 
 LARGE_MAX_REFINEMENTS = 8
 """:func:`max_refinements` for m > ``EIGH_MAX_SIZE``: there the exact Gram's m^2 n float64 products cost far
-more than a refinement step's two or three passes over J (3.3 s against ~10 ms a pass at m = 1 000,
-n = 8 964 on one AMD EPYC core), so more steps with the blocked Gram come first."""
+more than a refinement step's two or three passes over J, so more steps with the blocked Gram come first
+(the measured costs: docs/optim_measurements.md, large m)."""
 
 assert MAX_REFINEMENTS <= LARGE_MAX_REFINEMENTS
 
@@ -132,9 +132,8 @@ def scaled_chunk_columns(m: int, n: int, dtype: torch.dtype) -> int:
 def scaled_scratch_shape(m: int, n: int, dtype: torch.dtype) -> tuple[int, int]:
     """The shape of :func:`scaled_gram`'s scratch: m rows of ``scaled_chunk_columns`` + ``SCRATCH_PAD``
     entries. The pad keeps the row stride off multiples of 4 KiB: with rows 4 KiB-aligned (a chunk of
-    whole blocks) the chunked Gram measured 1.08-1.25x the time of forming J D and its Gram at m = 50,
-    n = 1e6 (cache-set conflicts between the rows), 0.88-0.91x with the pad (m = 10: 0.62-0.74x either
-    way, chunks of 8k-64k columns; 1.7x with 2k)."""
+    whole blocks) the rows of the chunk conflict in the cache sets (the measured costs:
+    docs/optim_measurements.md, scaled Gram)."""
     return m, scaled_chunk_columns(m, n, dtype) + SCRATCH_PAD
 
 
@@ -316,8 +315,12 @@ def blocked_matvec(J: Tensor, v: Tensor, block: int = RESIDUAL_BLOCK) -> Tensor:
     full = blocks * block
     out = torch.zeros(m, dtype=torch.float64, device=J.device)
     if blocks:
-        Jb = J[:, :full].view(m, blocks, block).transpose(0, 1)
-        partial = torch.bmm(Jb, v[:full].view(blocks, block, 1))
+        # v_b^T J_b^T for every block b: (blocks, 1, B) @ (blocks, B, m), J_b^T a strided view of J. The
+        # same products and float64 sum as J_b v_b, but this orientation runs at a GEMV's speed on the
+        # CPU (J_b v_b as a bmm with one column: 7x a GEMV's time, docs/optim_measurements.md)
+        row, column = J.stride()
+        JbT = J.as_strided((blocks, block, m), (block * column, column, row))
+        partial = torch.bmm(v[:full].reshape(blocks, 1, block), JbT)
         out += partial.sum(0, dtype=torch.float64).view(m)
     if full < n:
         out += (J[:, full:] @ v[full:]).to(torch.float64)

@@ -1,8 +1,7 @@
 r"""The pseudo-inverse of a large Gram matrix G = J J^T (m x m, float64) by a pivoted Cholesky factorization.
 
-For m in the hundreds to thousands an eigendecomposition of G costs :math:`\sim 9 m^3` flops (77 ms at
-m = 1 000 and 2.6 s at m = 3 000 on one core), a Cholesky factorization :math:`m^3/3` (6 ms and 140 ms).
-LAPACK's pivoted Cholesky (``dpstrf``, Higham's algorithm 10.3) costs the same as the plain one and is
+For m in the hundreds to thousands an eigendecomposition of G costs :math:`\sim 9 m^3` flops, a Cholesky
+factorization :math:`m^3/3` (measured costs: docs/optim_measurements.md, large m). LAPACK's pivoted Cholesky (``dpstrf``, Higham's algorithm 10.3) costs the same as the plain one and is
 rank-revealing: with a permutation :math:`\Pi`,
 
 .. math::
