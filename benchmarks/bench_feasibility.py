@@ -36,9 +36,13 @@ CONFIGS = {
     "burgers": "configs/burgers/recommended/sqp_adam.yaml",
     "burgers-minibatch": "configs/burgers/recommended/sqp_adam.yaml",
     "darcy": "configs/darcy/recommended/sqp_adam.yaml",
+    "darcy-full": "configs/darcy/recommended/sqp_adam.yaml",
     "poisson": "configs/poisson/recommended/sqp_adam.yaml",
 }
 MINIBATCH = {"spring-minibatch", "chemistry-minibatch", "burgers-minibatch"}
+FULL_BATCH = {"darcy-full"}
+"""Darcy's recommended config is mini-batch (20 % of the samples a step): the max |c| a step sees is then of
+a batch never imposed before; ``darcy-full`` imposes the same constraints at every step."""
 
 
 class ViolationRecorder(pl.Callback):
@@ -83,6 +87,8 @@ def run(task: str, steps: int, max_corrections: int) -> dict[str, Any]:
             "--model.init_args.optimizer.init_args.max_corrections", str(max_corrections)]
     if task in MINIBATCH:
         args += ["--data.init_args.batch_mode", "minibatch"]
+    if task in FULL_BATCH:
+        args += ["--data.init_args.batch_mode", "full"]
     cli = ConstrainedCLI(args=args, run=False)
     recorder = ViolationRecorder()
     cli.trainer.callbacks.append(recorder)

@@ -434,11 +434,11 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 self._raise_nonfinite(g, c, J)
             return Projector(J, projection.factor, RefinementPlan(0, False))
         factor = projection.factor
-        read = torch.cat([
-            finite.reshape(1).to(torch.float64).cpu(),
-            refinement_counts(factor, n, inputs.dtype).cpu(),
-            factor.rank.reshape(1).to(torch.float64).cpu(),
-            factor.condition.reshape(1).to(torch.float64).cpu(),
+        read = torch.cat([  # (all on the factor's device: one transfer)
+            finite.reshape(1).to(torch.float64),
+            refinement_counts(factor, n, inputs.dtype),
+            factor.rank.reshape(1).to(torch.float64),
+            factor.condition.reshape(1).to(torch.float64),
         ]).tolist()
         if not read[0]:
             self._raise_nonfinite(g, c, J)
