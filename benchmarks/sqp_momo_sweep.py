@@ -25,7 +25,8 @@ from lit_constrained.compare.sweep import main as sweep_main
 
 
 def geometry_difference(lr: float, steps: int) -> dict[str, list[float]]:
-    from lit_constrained.optim import SQPMoMoAdam, constraint_jacobian
+    from lit_constrained.optim import constraint_jacobian
+    from lit_constrained.optim.experimental import SQPMoMoAdam
     from lit_constrained.tasks.curve import CurveData, CurveFit
 
     torch.set_num_threads(1)

@@ -157,8 +157,8 @@ def not_imposed_hint(optimizer: str, penalty_weight: float) -> str:
     return (
         f"{optimizer} does not impose constraints (it steps on the objective alone): this task's constraints() "
         f"are {how}, not imposed (Violation/train and Violation/val only report them). To impose them, use "
-        "a constrained optimizer of lit_constrained.optim: SQPAdam (the default), SQPHeavyBall, AdamCon, "
-        "SQPMoMo or SQPMoMoAdam."
+        "a constrained optimizer of lit_constrained.optim: SQPAdam (the default), SQPHeavyBall or AdamCon "
+        "(or the experimental SQPMoMo / SQPMoMoAdam of lit_constrained.optim.experimental)."
     )
 
 

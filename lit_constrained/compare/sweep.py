@@ -69,7 +69,8 @@ GOAL_VIOLATION_RATIO = 1e-4
 
 def make_optimizer(method: str, lr: float) -> Any:
     """The optimizer factory (a partial of the class) of a method at lr."""
-    from lit_constrained.optim import MoMoAdam, SQPAdam, SQPMoMoAdam
+    from lit_constrained.optim import MoMoAdam, SQPAdam
+    from lit_constrained.optim.experimental import SQPMoMoAdam
 
     if method == "adam_unc":
         return partial(torch.optim.Adam, lr=lr, betas=(0.9, 0.999), eps=1e-7)

@@ -8,10 +8,8 @@ from .constant_step_adam import ConstantStepAdam
 from .lipschitz import LipschitzEstimate, constant_step_size, estimate_lipschitz, reset_all_parameters
 from .lr_setting import set_lr
 from .momo import MoMo, MoMoAdam
-from .sqp_momo import SQPMoMo, SQPMoMoAdam
 
 __all__ = [
-    "AdamCon", "ConstantStepAdam", "MoMo", "MoMoAdam", "NullSpace", "SQPAdam", "SQPHeavyBall", "SQPMoMo",
-    "SQPMoMoAdam", "constraint_jacobian",
+    "AdamCon", "ConstantStepAdam", "MoMo", "MoMoAdam", "NullSpace", "SQPAdam", "SQPHeavyBall", "constraint_jacobian",
     "LipschitzEstimate", "constant_step_size", "estimate_lipschitz", "reset_all_parameters", "set_lr",
 ]

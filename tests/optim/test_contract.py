@@ -33,7 +33,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lit_constrained.optim import AdamCon, ConstantStepAdam, MoMo, MoMoAdam, SQPAdam, SQPHeavyBall
-from lit_constrained.optim import SQPMoMo, SQPMoMoAdam
+from lit_constrained.optim.experimental import SQPMoMo, SQPMoMoAdam
 from lit_constrained.optim.flat import real_view
 
 DT = torch.float64
@@ -144,7 +144,7 @@ REGISTRY = [
         SQPMoMo,
         kwargs=dict(lr=0.5, momentum=0.8, lower_bound=-0.1, estimate_lower_bound=True, rho=0.5),
         other=dict(lr=0.1, momentum=0.5, lower_bound=-1.0, rho=0.9),
-        default_lr=1.0,  # MoMo's: the lr caps the model-based step (sqp_momo.py)
+        default_lr=1.0,  # MoMo's: the lr caps the model-based step (experimental/sqp_momo.py)
         momentum_key="momentum",
         shared=dict(momentum=0.5, lower_bound=-1.0, estimate_lower_bound=False, bias_correction=True, rho=0.9,
                     rcond=1e-6),
@@ -156,7 +156,7 @@ REGISTRY = [
         SQPMoMoAdam,
         kwargs=dict(lr=0.1, betas=(0.8, 0.99), eps=1e-6, estimate_lower_bound=True, rho=0.5),
         other=dict(lr=0.01, betas=(0.5, 0.9), eps=1e-3, rho=0.9),
-        default_lr=1e-2,  # MoMo-Adam's: the lr caps the model-based step (sqp_momo.py)
+        default_lr=1e-2,  # MoMo-Adam's: the lr caps the model-based step (experimental/sqp_momo.py)
         momentum_key="betas",
         shared=dict(betas=(0.5, 0.99), lower_bound=-1.0, estimate_lower_bound=False, rho=0.9, rcond=1e-6,
                     geometry="euclidean"),

@@ -11,7 +11,8 @@ import torch
 
 from tests.helpers.hock_schittkowski import PROBLEMS, Problem
 from lit_constrained.callbacks.step_size import step_size_values
-from lit_constrained.optim import MoMo, MoMoAdam, SQPHeavyBall, SQPMoMo, SQPMoMoAdam, constraint_jacobian
+from lit_constrained.optim import MoMo, MoMoAdam, SQPHeavyBall, constraint_jacobian
+from lit_constrained.optim.experimental import SQPMoMo, SQPMoMoAdam
 
 F64 = torch.float64
 N = 7
@@ -438,3 +439,20 @@ def test_the_corrections_hold_a_curved_constraint(cls: type) -> None:
     assert results[0] > 1e-4  # the tangential steps' curvature
     # tol = constraint_tol * max(max |c_1|, 1) = 1e-6 (c_1 = 0: the start is feasible)
     assert results[8] <= 1e-6
+
+
+# ---------------------------------------------------------------------------- the experimental namespace
+
+
+@pytest.mark.parametrize("cls", [SQPMoMo, SQPMoMoAdam])
+def test_the_experimental_class_paths_are_trusted_and_resolve(cls: type) -> None:
+    """A checkpoint's saved spec (module.QualName) imports back through the trusted-module allowlist, and the
+    short path configs use names the same class; the stable namespace no longer exports it."""
+    import lit_constrained.optim as stable
+    from lit_constrained.class_spec import TRUSTED_MODULES, as_class_spec, import_class
+
+    spec = as_class_spec(cls, "optimizer")
+    assert spec is not None and spec["class_path"] == f"lit_constrained.optim.experimental.sqp_momo.{cls.__name__}"
+    assert import_class(spec["class_path"], TRUSTED_MODULES) is cls
+    assert import_class(f"lit_constrained.optim.experimental.{cls.__name__}", TRUSTED_MODULES) is cls
+    assert cls.__name__ not in stable.__all__ and not hasattr(stable, cls.__name__)

@@ -1,5 +1,28 @@
 r"""SQP-MoMo and SQP-MoMo-Adam: hard constraints with MoMo's self-adapting (Polyak-type) step size.
 
+**Status: experimental** (:mod:`lit_constrained.optim.experimental`; issue 31). The goal was a good-lr range
+>= 10x SQP-Adam's, a best test error within 1.5x of SQP-Adam's and max |c_end| <= 1e-4 max |c_0| on at
+least 2 of 3 tasks. Measured after the rebuild on the kernel (the adaptive normal-step safeguard and the
+post-step corrections at their defaults, for SQP-Adam as well): **missed on all three tasks in both
+geometries**. 11 lrs 1e-5..1, seeds 0-2, constant lr, full batch, f* = 0, rho = "full"; best mean test error
+/ good-lr range (within 2x of the best) / max |c_end| / max |c_0| at the best lr:
+
+=================  =========================  ===========================  ==============================
+task (steps)       SQP-Adam                   SQP-MoMo-Adam (D-norm)       SQP-MoMo-Adam (Euclidean)
+=================  =========================  ===========================  ==============================
+curve (300)        1.7e-4 / 31.6x / 3.9e-7    5.4e-4 / 1x / 2.8e-7         1.1e-3 / 3.2x / 1.1e-5
+spring (500)       1.0e-3 / 3.2x / 8.0e-7     0.103 / 1e5x / 1.6e-6        0.129 / 1e5x / 8.8e-6
+Burgers (40)       0.870 / 1e4x / 9.3e-3      0.900 / 1e5x / 1.5e-4        0.911 / 1e5x / 1.8e-2
+=================  =========================  ===========================  ==============================
+
+On curve the range is narrower and the best error 3.2x / 6.7x SQP-Adam's; on spring the 1e5x "range" is
+the untrained plateau (0.129 at every lr; SQP-Adam reaches 1.0e-3); on Burgers at 40 steps nothing has
+trained and the violation ratio misses. Command (AMD EPYC, 1 thread, about 16 minutes):
+``python -m lit_constrained.compare.sweep --tasks TASK --steps curve=300 spring=500 burgers=40 --methods
+sqp_adam sqp_momo_adam sqp_momo_adam_euclidean --json docs/figures/sqp_momo_sweep_TASK.json``; the records
+and figure are ``docs/figures/sqp_momo_sweep_kernel.{json,png}``; docs/sqp_momo.md has the per-lr tables.
+The classes are exact (dense-reference tests) and kept for study; the API may change.
+
 MoMo (Schaipp et al., arXiv 2305.07583; :mod:`~lit_constrained.optim.momo`) takes the proximal step of a
 truncated model of the loss built from momentum averages; the projected SQP methods
 (:mod:`~lit_constrained.optim.sqp`) split the step into a normal part that restores the linearized
@@ -173,9 +196,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .checks import check_beta, check_betas, check_finite, check_positive, loss_from_closure
-from .constrained import Composed, ConstrainedOptimizer, ParamsT, Projection, StepInputs
-from .hyperparameters import (
+from ..checks import check_beta, check_betas, check_finite, check_positive, loss_from_closure
+from ..constrained import Composed, ConstrainedOptimizer, ParamsT, Projection, StepInputs
+from ..hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,
     DEFAULT_MAX_CORRECTIONS,
     DEFAULT_MAX_NORMAL_STEP,
@@ -187,9 +210,9 @@ from .hyperparameters import (
     check_flag,
     document_projection_args,
 )
-from .momo import adaptive_step, estimate_lower_bound, reset_lower_bound
-from .projection import Projector
-from .safeguard import normal_step_scale
+from ..momo import adaptive_step, estimate_lower_bound, reset_lower_bound
+from ..projection import Projector
+from ..safeguard import normal_step_scale
 
 Geometry = Literal["adam", "euclidean"]
 
