@@ -18,8 +18,8 @@ Burgers (40)       0.870 / 1e4x / 9.3e-3      0.900 / 1e5x / 1.5e-4        0.911
 On curve the range is narrower and the best error 3.2x / 6.7x SQP-Adam's; on spring the 1e5x "range" is
 the untrained plateau (0.129 at every lr; SQP-Adam reaches 1.0e-3); on Burgers at 40 steps nothing has
 trained and the violation ratio misses. With ``max_normal_step=None`` (the full normal step) curve and
-spring miss
-too (D-norm curve 2.6e-4, 1.56x, range 3.2x). Command (AMD EPYC, 1 thread, about 16 minutes):
+spring miss too
+(D-norm curve 2.6e-4, 1.56x, range 3.2x). Command (AMD EPYC, 1 thread, about 16 minutes):
 ``python -m lit_constrained.compare.sweep --tasks TASK --steps curve=300 spring=500 burgers=40 --methods
 sqp_adam sqp_momo_adam sqp_momo_adam_euclidean --json docs/figures/sqp_momo_sweep_TASK.json``; the records
 and figure are ``docs/figures/sqp_momo_sweep_kernel.{json,png}``; docs/sqp_momo.md has the per-lr tables.
