@@ -310,12 +310,12 @@ class ConstrainedOptimizer(Optimizer, ABC):
     def _scaled_factorize(self, jacobian: Tensor, d: Tensor | None, v: Tensor | None = None,
                           ) -> tuple[GramFactor, Tensor, Tensor | None]:
         """``_factorize`` for G = J D^2 J^T (D = diag(d), the identity when ``d`` is None; a NaN/inf in d
-        shows in G too), with J D v (float64) from the Gram's pass when ``v`` and ``d`` are given (else
-        None): :func:`~lit_constrained.optim.nullspace.scaled_gram`."""
+        shows in G too), with J D v (float64) when ``v`` is given (else None; from the Gram's pass with
+        ``d`` or the native kernel): :func:`~lit_constrained.optim.nullspace.scaled_gram`."""
         m, n = jacobian.shape
         if m == 0:
             return (GramFactor.empty(jacobian.device), torch.ones((), dtype=torch.bool, device=jacobian.device),
-                    None)
+                    None if v is None else torch.zeros(0, dtype=torch.float64, device=jacobian.device))
         partials = scratch = None
         if jacobian.dtype != torch.float64:
             partials = self._buffer("gram_partials", gram_partials_shape((m, n)), jacobian.dtype, jacobian.device)

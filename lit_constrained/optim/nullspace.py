@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from . import native_gram
 from .gram_factor import EIGH_MAX_SIZE, GramFactor, PivotedGramFactor
 from .hyperparameters import DEFAULT_RCOND
 
@@ -152,14 +153,20 @@ def gram(J: Tensor, workspace: Tensor | None = None) -> Tensor:
 def scaled_gram(J: Tensor, d: Tensor | None, workspace: Tensor | None = None, scratch: Tensor | None = None,
                 v: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     r"""(G, J D v): G = J D^2 J^T as :func:`gram` forms it (D = diag(d), the identity when ``d`` is None),
-    and, when ``v`` is given (and ``d``), J D v in float64 from the same pass (else None).
+    and, when ``v`` is given, J D v in float64 (else None).
 
     With ``d``, J D is never formed in full: ``scaled_chunk_columns(m, n, J.dtype)`` columns at a time
     are scaled into ``scratch`` (shape ``scaled_scratch_shape(m, n, J.dtype)``, J's dtype; allocated if
     None), small enough to stay in cache, and their block products are taken there. For float32 J these
     are the same products and the same float64 sum as ``gram(J * d)`` (tested equal); the traffic is one
     read of J instead of a read of J, a write of J D and a read of it. J D v is taken from the cached
-    chunks too (a product in J's dtype per chunk, the chunks summed in float64): no pass of its own."""
+    chunks too (a product in J's dtype per chunk, the chunks summed in float64): no pass of its own.
+    Without ``d``, J v is :func:`matvec`'s product (a pass of its own).
+
+    Where the native kernel is switched on and takes the operands
+    (:mod:`~lit_constrained.optim.native_gram`, opt-in), both come from its one pass over J instead."""
+    if native_gram.applicable(J, d, v):
+        return native_gram.gram(J, d, v)
     m, n = J.shape
     chunk = scaled_chunk_columns(m, n, J.dtype)
     if d is not None and scratch is None:
@@ -212,7 +219,10 @@ def scaled_gram(J: Tensor, d: Tensor | None, workspace: Tensor | None = None, sc
     Jv = None
     if products is not None:
         Jv = products.sum(0, dtype=torch.float64)
-    return _symmetrized_sum(G, tail), Jv
+    G = _symmetrized_sum(G, tail)
+    if d is None and v is not None:
+        Jv = matvec(J, v)
+    return G, Jv
 
 
 def _symmetrized_sum(G: Tensor | None, tail: Tensor | None) -> Tensor:

@@ -1,0 +1,117 @@
+"""The opt-in native Gram kernel (optim/native_gram.py) against dense float64 products, its fallbacks,
+and the optimizers' step with it."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from lit_constrained.optim import SQPAdam
+from lit_constrained.optim import native_gram as ng
+from lit_constrained.optim.nullspace import gram_error, scaled_gram
+
+F64 = torch.float64
+
+def _available() -> bool:
+    with ng.native_gram(True):
+        return ng.available()
+
+
+requires_kernel = pytest.mark.skipif(not _available(), reason="no C compiler: the native kernel cannot be built")
+
+
+@requires_kernel
+@pytest.mark.parametrize("m", [1, 3, 5, 7, 10, 13])
+@pytest.mark.parametrize("n", [5, 16, 3 * ng.SPAN + 37])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_gram_and_product_against_dense_float64(m, n, scaled):
+    """G = J D^2 J^T (both triangles, exactly symmetric) within the blocked Gram's error estimate, and
+    J D v within a float32 lane sum's error, for tiles that fit m exactly and ones with rows left over."""
+    gen = torch.Generator().manual_seed(100 * m + n)
+    J = torch.randn(m, n, generator=gen)
+    d = (torch.rand(n, generator=gen) + 0.1) ** 2 if scaled else None
+    v = torch.randn(n, generator=gen)
+    with ng.native_gram(True):
+        assert ng.applicable(J, d, v)
+        G, Jv = ng.gram(J, d, v)
+        G_alone, none = ng.gram(J, d)
+    Js = J.to(F64) * (d.to(F64) if scaled else 1.0)
+    exact = Js @ Js.T
+    assert torch.equal(G, G.T) and torch.equal(G, G_alone) and none is None
+    assert (G - exact).norm() / exact.norm() <= 10 * gram_error(n, torch.float32, m) + 1e-15
+    scale = Js.abs() @ v.to(F64).abs()
+    eps = torch.finfo(torch.float32).eps * math.sqrt(ng.SPAN / 16)
+    assert ((Jv - Js @ v.to(F64)).abs() / scale).max() <= eps
+
+
+@requires_kernel
+def test_strided_rows_and_scaled_gram_dispatch():
+    """A J whose rows are a slice of a wider matrix (row stride > n) is read in place; scaled_gram hands
+    float32 CPU operands to the kernel only when it is switched on."""
+    gen = torch.Generator().manual_seed(0)
+    wide = torch.randn(6, 3000, generator=gen)
+    J = wide[:, 100:2600]
+    d, v = torch.rand(2500, generator=gen) + 0.5, torch.randn(2500, generator=gen)
+    exact = (J.to(F64) * d.to(F64)) @ (J.to(F64) * d.to(F64)).T
+    with ng.native_gram(True):
+        G, Jv = scaled_gram(J, d, v=v)
+    eager, eager_Jv = scaled_gram(J.contiguous(), d, v=v)
+    for candidate in (G, eager):
+        assert (candidate - exact).norm() / exact.norm() <= 10 * gram_error(2500, torch.float32, 6)
+    torch.testing.assert_close(Jv, eager_Jv, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(G, eager)  # the kernel ran (another order of the sums), not the eager path
+
+
+@requires_kernel
+def test_only_float32_cpu_operands_it_takes():
+    J = torch.randn(4, 100)
+    with ng.native_gram(True):
+        assert ng.applicable(J)
+        assert not ng.applicable(J.to(F64))
+        assert not ng.applicable(J.T.contiguous().T)  # column stride != 1
+        assert not ng.applicable(torch.randn(ng.NATIVE_MAX_ROWS + 1, 100))
+        assert not ng.applicable(J, d=torch.randn(100, dtype=F64))
+        assert not ng.applicable(J, v=torch.randn(200)[::2])
+        assert not ng.applicable(torch.randn(0, 100))
+    with ng.native_gram(False):
+        assert not ng.applicable(J)
+
+
+def test_without_a_compiler_the_eager_path_is_used(monkeypatch, tmp_path):
+    """A machine without a C compiler warns once and keeps the eager Gram."""
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv(ng.CACHE_ENV, str(tmp_path / "cache"))
+    ng._library.cache_clear()
+    try:
+        J = torch.randn(3, 50)
+        with ng.native_gram(True), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert not ng.applicable(J)
+            G, _ = scaled_gram(J, None)
+        assert any("native Gram kernel is unavailable" in str(w.message) for w in caught)
+        torch.testing.assert_close(G, J.to(F64) @ J.to(F64).T, rtol=1e-5, atol=1e-5)
+    finally:
+        ng._library.cache_clear()
+
+
+@requires_kernel
+@pytest.mark.parametrize("cond", [1.0, 1e3])
+def test_sqp_adam_step_with_the_kernel_restores_the_linearized_constraints(cond):
+    """The step under the native Gram meets the float32 feasibility target like the eager one:
+    ||J delta + c|| / ||c|| <= 1e-6 (rho = "full"; J from an SVD with cond(J) = cond)."""
+    m, n = 10, 40_000
+    gen = torch.Generator().manual_seed(1)
+    U, _ = torch.linalg.qr(torch.randn(m, m, generator=gen, dtype=F64))
+    V, _ = torch.linalg.qr(torch.randn(n, m, generator=gen, dtype=F64))
+    J = ((U * torch.logspace(0, -math.log10(cond), m, dtype=F64)) @ V.T).float()
+    c = torch.randn(m, generator=gen)
+    x = torch.nn.Parameter(torch.zeros(n))
+    x.grad = torch.randn(n, generator=gen)
+    opt = SQPAdam([x], lr=1e-3, max_normal_step=None)
+    with ng.native_gram(True):
+        opt.step(constraints=c, jacobian=J)
+    delta = x.detach().to(F64)
+    assert (J.to(F64) @ delta + c.to(F64)).norm() / c.to(F64).norm() <= 1e-6
