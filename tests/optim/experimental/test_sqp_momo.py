@@ -397,18 +397,19 @@ def test_rank_deficient_jacobian_and_the_normal_step_cap(cls: type, options: dic
 
 
 @pytest.mark.parametrize("cls", [SQPMoMo, SQPMoMoAdam])
-def test_the_default_safeguard_caps_a_far_normal_step(cls: type) -> None:
-    """Built on the kernel, SQP-MoMo has the adaptive trust radius by default: far from feasibility the
-    first normal step is capped at 0.02 max(||x_1||, 1) (the uncapped one, -J^+ c, has norm 10)."""
+def test_the_kernels_safeguard_caps_a_far_normal_step(cls: type) -> None:
+    """Built on the kernel, SQP-MoMo has the adaptive trust radius (``max_normal_step="adaptive"``): far
+    from feasibility the first normal step is capped at 0.02 max(||x_1||, 1); its default is the full
+    normal step, -J^+ c, of norm 10."""
     x = torch.nn.Parameter(torch.zeros(4, dtype=F64))
     x.grad = torch.ones(4, dtype=F64)
     J = torch.eye(2, 4, dtype=F64)
     c = torch.tensor([10.0, 0.0], dtype=F64)
-    opt = cls([x])
+    opt = cls([x], max_normal_step="adaptive")
     opt.step(lambda: torch.tensor(1.0, dtype=F64), constraints=c, jacobian=J, diagnostics=True)
     assert float(opt.diagnostics["normal_step_capped"]) == 1.0
     assert float(opt.diagnostics["normal_step_norm"]) == pytest.approx(0.02, rel=1e-12)
-    uncapped_opt = cls([torch.nn.Parameter(torch.zeros(4, dtype=F64))], max_normal_step=None)
+    uncapped_opt = cls([torch.nn.Parameter(torch.zeros(4, dtype=F64))])  # the default: None
     uncapped_opt.param_groups[0]["params"][0].grad = torch.ones(4, dtype=F64)
     uncapped_opt.step(lambda: torch.tensor(1.0, dtype=F64), constraints=c, jacobian=J, diagnostics=True)
     assert float(uncapped_opt.diagnostics["normal_step_norm"]) == pytest.approx(10.0, rel=1e-12)
