@@ -63,8 +63,8 @@ more help (these import Lightning: seconds):
   lit-constrained fit --model.help lit_constrained.tasks.spring.Spring
       the arguments of a task (its own and ConstrainedModule's: optimizer, max_grad_norm, num_threads, ...)
   lit-constrained fit --config CONFIG --model.optimizer.help SQPAdam
-      the arguments of an optimizer: SQPAdam, SQPHeavyBall, AdamCon, MoMo, MoMoAdam, ConstantStepAdam,
-      SQPMoMo, SQPMoMoAdam (lit_constrained.optim) or torch.optim.Adam, ...
+      the arguments of an optimizer: SQPAdam, SQPHeavyBall, AdamCon, MoMo, MoMoAdam, ConstantStepAdam
+      (lit_constrained.optim), SQPMoMoAdam (lit_constrained.optim.experimental) or torch.optim.Adam, ...
 """
 
 HELP_ALL = "--help-all"
