@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall
-from lit_constrained.optim.native_gram import available as native_available, native_gram
+from lit_constrained.optim.native import available as native_available, native
 from lit_constrained.optim.nullspace import gram_partials_shape, scaled_gram
 from harness import interleaved_medians  # benchmarks/harness.py (scripts run from benchmarks/)
 from machine import cpu_model  # benchmarks/machine.py
@@ -49,7 +49,7 @@ SIZES: dict[str, list[int]] = {
 }
 NAMES = ["Adam(foreach)", "SQPAdam", "SQPHeavyBall", "AdamCon"]
 NATIVE = " native"
-"""The suffix of a runner with the native Gram kernel (``--native``: :mod:`lit_constrained.optim.native_gram`)."""
+"""The suffix of a runner with the native kernels (``--native``: :mod:`lit_constrained.optim.native`)."""
 FLOORS = ["3-read bound", "3 J reads"]
 TRAINED_GRAM_CONDITION = 3.3e4
 
@@ -95,9 +95,9 @@ def adam_runner(params: list[nn.Parameter]) -> Callable[[int], None]:
     return run
 
 
-def bound_runner(widths: list[int], m: int, kind: str, native: bool = False) -> Callable[[int], None]:
+def bound_runner(widths: list[int], m: int, kind: str, native_kernels: bool = False) -> Callable[[int], None]:
     """SQP-Adam's 3-read bound: G and J g, J w, a w - J^T z, and an Adam step (module docstring); with
-    ``native``, G and J g from the native kernel's one pass."""
+    ``native_kernels``, G and J g from the native kernel's one pass."""
     params, _, J = problem(widths, m, kind)
     adam = adam_runner(params)
     n = J.shape[1]
@@ -107,7 +107,7 @@ def bound_runner(widths: list[int], m: int, kind: str, native: bool = False) -> 
     partials = torch.empty(gram_partials_shape((m, n)))
 
     def run(steps: int) -> None:
-        with native_gram(native):
+        with native(native_kernels):
             for _ in range(steps):
                 scaled_gram(J, None, partials, v=g)
                 torch.mv(J, w)
@@ -132,10 +132,10 @@ def reads_runner(widths: list[int], m: int, kind: str) -> Callable[[int], None]:
 
 
 def make_runner(name: str, widths: list[int], m: int, kind: str) -> Callable[[int], None]:
-    native = name.endswith(NATIVE)
-    base = name[: -len(NATIVE)] if native else name
+    native_kernels = name.endswith(NATIVE)
+    base = name[: -len(NATIVE)] if native_kernels else name
     if base == "3-read bound":
-        return bound_runner(widths, m, kind, native)
+        return bound_runner(widths, m, kind, native_kernels)
     if base == "3 J reads":
         return reads_runner(widths, m, kind)
     params, c, J = problem(widths, m, kind)
@@ -145,7 +145,7 @@ def make_runner(name: str, widths: list[int], m: int, kind: str) -> Callable[[in
     opt = {"SQPAdam": SQPAdam, "SQPHeavyBall": SQPHeavyBall, "AdamCon": AdamCon}[base](params, lr=1e-6)
 
     def run_constrained(steps: int) -> None:
-        with native_gram(native):
+        with native(native_kernels):
             for _ in range(steps):
                 opt.step(constraints=c, jacobian=J)
 
@@ -169,7 +169,7 @@ def main() -> None:
                         help="comma-separated kinds: random, trained, cond:<cond(J)>")
     parser.add_argument("--optimizers", default=",".join(NAMES), help=f"a subset of {','.join(NAMES)}")
     parser.add_argument("--native", action="store_true",
-                        help="also time SQP-Adam and its bound with the native Gram kernel (opt-in in the package)")
+                        help="also time SQP-Adam and its bound with the native kernels (opt-in in the package)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = [name.strip() for name in args.optimizers.split(",")]
@@ -177,9 +177,9 @@ def main() -> None:
         parser.error("--optimizers must include Adam(foreach) and SQPAdam (the ratios' references).")
     floors = list(FLOORS)
     if args.native:
-        with native_gram():
+        with native():
             if not native_available():
-                parser.error("--native: the native Gram kernel did not compile on this machine (see the warning).")
+                parser.error("--native: the native kernels did not compile on this machine (see the warning).")
         names.append("SQPAdam" + NATIVE)
         floors.append("3-read bound" + NATIVE)
     print(f"CPU: {cpu_model()}; torch {torch.__version__}, threads {torch.get_num_threads()}, "

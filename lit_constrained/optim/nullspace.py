@@ -59,7 +59,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import native_gram
+from . import native
 from .gram_factor import EIGH_MAX_SIZE, GramFactor, PivotedGramFactor
 from .hyperparameters import DEFAULT_RCOND
 
@@ -163,10 +163,10 @@ def scaled_gram(J: Tensor, d: Tensor | None, workspace: Tensor | None = None, sc
     chunks too (a product in J's dtype per chunk, the chunks summed in float64): no pass of its own.
     Without ``d``, J v is :func:`matvec`'s product (a pass of its own).
 
-    Where the native kernel is switched on and takes the operands
-    (:mod:`~lit_constrained.optim.native_gram`, opt-in), both come from its one pass over J instead."""
-    if native_gram.applicable(J, d, v):
-        return native_gram.gram(J, d, v)
+    Where the native kernels are switched on and take the operands (:mod:`~lit_constrained.optim.native`,
+    opt-in), both come from one pass over J instead."""
+    if native.takes_gram(J, d, v):
+        return native.gram(J, d, v)
     m, n = J.shape
     chunk = scaled_chunk_columns(m, n, J.dtype)
     if d is not None and scratch is None:
@@ -291,9 +291,12 @@ def matvec(J: Tensor, v: Tensor, scaling: Scaling | None = None) -> Tensor:
 
 def exact_matvec(J: Tensor, v: Tensor, workspace: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """J v from float64 products and sums (exact to float64 round-off for float32 J and v), converting
-    chunks of ``chunk_columns(m)`` columns into ``workspace`` = (float64 (m, chunk), float64 (chunk,))."""
+    chunks of ``chunk_columns(m)`` columns into ``workspace`` = (float64 (m, chunk), float64 (chunk,));
+    one pass without a conversion under the native kernels (:mod:`~lit_constrained.optim.native`)."""
     if J.dtype == torch.float64 and v.dtype == torch.float64:
         return J @ v
+    if native.takes_matvec(J, v):
+        return native.exact_matvec(J, v)
     m, n = J.shape
     if workspace is None:
         chunk = min(n, chunk_columns(m))
@@ -551,7 +554,10 @@ def _rmatvec_into(out: Tensor, J: Tensor, z: Tensor) -> Tensor:
     more pass over J). G^+ amplifies the residual by up to :math:`1/\lambda_{\min}`, so z spans many orders
     and its float32 rounding alone left the refinement at 9e-6-5e-5 relative error at cond(J) = 1e5
     (n = 1e5, m = 10; 5e-6-8e-6 split, about the float32 floor of a step that large). Used with the exact
-    residuals (ill-conditioned J), where that pass is a small part of the cost."""
+    residuals (ill-conditioned J), where that pass is a small part of the cost. Under the native kernels
+    (:mod:`~lit_constrained.optim.native`) J^T z is summed in float64 and rounded once, in one pass."""
+    if native.takes_rmatvec(J, z, out):
+        return native.exact_rmatvec(J, z, out)
     high = z.to(J.dtype)
     torch.mv(J.T, high, out=out)
     if z.dtype != J.dtype:

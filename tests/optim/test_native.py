@@ -1,5 +1,5 @@
-"""The opt-in native Gram kernel (optim/native_gram.py) against dense float64 products, its fallbacks,
-and the optimizers' step with it."""
+"""The opt-in native kernels (optim/native.py) against dense float64 products, their fallbacks, and the
+optimizers' step with them."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from lit_constrained.optim import SQPAdam
-from lit_constrained.optim import native_gram as ng
-from lit_constrained.optim.nullspace import gram_error, scaled_gram
+from lit_constrained.optim import native as ng
+from lit_constrained.optim.nullspace import _rmatvec_into, exact_matvec, gram_error, scaled_gram
 
 F64 = torch.float64
 
 def _available() -> bool:
-    with ng.native_gram(True):
+    with ng.native(True):
         return ng.available()
 
 
@@ -34,8 +34,8 @@ def test_gram_and_product_against_dense_float64(m, n, scaled):
     J = torch.randn(m, n, generator=gen)
     d = (torch.rand(n, generator=gen) + 0.1) ** 2 if scaled else None
     v = torch.randn(n, generator=gen)
-    with ng.native_gram(True):
-        assert ng.applicable(J, d, v)
+    with ng.native(True):
+        assert ng.takes_gram(J, d, v)
         G, Jv = ng.gram(J, d, v)
         G_alone, none = ng.gram(J, d)
     Js = J.to(F64) * (d.to(F64) if scaled else 1.0)
@@ -56,9 +56,10 @@ def test_strided_rows_and_scaled_gram_dispatch():
     J = wide[:, 100:2600]
     d, v = torch.rand(2500, generator=gen) + 0.5, torch.randn(2500, generator=gen)
     exact = (J.to(F64) * d.to(F64)) @ (J.to(F64) * d.to(F64)).T
-    with ng.native_gram(True):
+    with ng.native(True):
         G, Jv = scaled_gram(J, d, v=v)
-    eager, eager_Jv = scaled_gram(J.contiguous(), d, v=v)
+    with ng.native(False):
+        eager, eager_Jv = scaled_gram(J.contiguous(), d, v=v)
     for candidate in (G, eager):
         assert (candidate - exact).norm() / exact.norm() <= 10 * gram_error(2500, torch.float32, 6)
     torch.testing.assert_close(Jv, eager_Jv, rtol=1e-5, atol=1e-5)
@@ -66,18 +67,45 @@ def test_strided_rows_and_scaled_gram_dispatch():
 
 
 @requires_kernel
+@pytest.mark.parametrize("m", [1, 4, 6, 7, 13])
+@pytest.mark.parametrize("n", [9, 16, 3 * 1024 + 21])
+def test_exact_products_against_dense_float64(m, n):
+    """J v from float64 products and sums (float64 round-off); J^T z summed in float64 and rounded to
+    float32 once (within half an ulp of float32, relative to the largest entry, plus float64 round-off);
+    through the nullspace functions that dispatch to them."""
+    gen = torch.Generator().manual_seed(10 * m + n)
+    J, v = torch.randn(m, n, generator=gen), torch.randn(n, generator=gen)
+    z = torch.randn(m, generator=gen, dtype=F64) * 10.0 ** torch.arange(m, dtype=F64)  # multipliers spanning decades
+    Jv_exact, JTz_exact = J.to(F64) @ v.to(F64), J.to(F64).T @ z
+    out = torch.empty(n)
+    with ng.native(True):
+        assert ng.takes_matvec(J, v) and ng.takes_rmatvec(J, z, out)
+        Jv, JTz = exact_matvec(J, v), _rmatvec_into(out, J, z)
+    assert JTz is out
+    scale = J.to(F64).abs() @ v.to(F64).abs()
+    assert ((Jv - Jv_exact).abs() / scale).max() <= 1e-14
+    rounding = JTz_exact.to(torch.float32).to(F64)  # the correctly rounded J^T z
+    assert ((JTz.to(F64) - rounding).abs() <= torch.finfo(torch.float32).eps * JTz_exact.abs() + 1e-12 * (
+        J.to(F64).abs().T @ z.abs())).all()
+
+
+@requires_kernel
 def test_only_float32_cpu_operands_it_takes():
     J = torch.randn(4, 100)
-    with ng.native_gram(True):
-        assert ng.applicable(J)
-        assert not ng.applicable(J.to(F64))
-        assert not ng.applicable(J.T.contiguous().T)  # column stride != 1
-        assert not ng.applicable(torch.randn(ng.NATIVE_MAX_ROWS + 1, 100))
-        assert not ng.applicable(J, d=torch.randn(100, dtype=F64))
-        assert not ng.applicable(J, v=torch.randn(200)[::2])
-        assert not ng.applicable(torch.randn(0, 100))
-    with ng.native_gram(False):
-        assert not ng.applicable(J)
+    with ng.native(True):
+        assert ng.takes_gram(J)
+        assert not ng.takes_gram(J.to(F64))
+        assert not ng.takes_gram(J.T.contiguous().T)  # column stride != 1
+        assert not ng.takes_gram(torch.randn(ng.NATIVE_MAX_ROWS + 1, 100))
+        assert not ng.takes_gram(J, d=torch.randn(100, dtype=F64))
+        assert not ng.takes_gram(J, v=torch.randn(200)[::2])
+        assert not ng.takes_gram(torch.randn(0, 100))
+        assert ng.takes_matvec(torch.randn(ng.NATIVE_MAX_ROWS + 1, 100), torch.randn(100))
+        assert not ng.takes_matvec(J, torch.randn(100, dtype=F64))
+        assert not ng.takes_rmatvec(J, torch.randn(4), torch.empty(100))  # z must be float64
+        assert not ng.takes_rmatvec(J, torch.randn(4, dtype=F64), torch.empty(200)[::2])
+    with ng.native(False):
+        assert not ng.takes_gram(J)
 
 
 def test_without_a_compiler_the_eager_path_is_used(monkeypatch, tmp_path):
@@ -87,11 +115,11 @@ def test_without_a_compiler_the_eager_path_is_used(monkeypatch, tmp_path):
     ng._library.cache_clear()
     try:
         J = torch.randn(3, 50)
-        with ng.native_gram(True), warnings.catch_warnings(record=True) as caught:
+        with ng.native(True), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            assert not ng.applicable(J)
+            assert not ng.takes_gram(J)
             G, _ = scaled_gram(J, None)
-        assert any("native Gram kernel is unavailable" in str(w.message) for w in caught)
+        assert any("native kernels are unavailable" in str(w.message) for w in caught)
         torch.testing.assert_close(G, J.to(F64) @ J.to(F64).T, rtol=1e-5, atol=1e-5)
     finally:
         ng._library.cache_clear()
@@ -111,7 +139,7 @@ def test_sqp_adam_step_with_the_kernel_restores_the_linearized_constraints(cond)
     x = torch.nn.Parameter(torch.zeros(n))
     x.grad = torch.randn(n, generator=gen)
     opt = SQPAdam([x], lr=1e-3, max_normal_step=None)
-    with ng.native_gram(True):
+    with ng.native(True):
         opt.step(constraints=c, jacobian=J)
     delta = x.detach().to(F64)
     assert (J.to(F64) @ delta + c.to(F64)).norm() / c.to(F64).norm() <= 1e-6
