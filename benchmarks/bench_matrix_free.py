@@ -1,7 +1,7 @@
 r"""Forming J against a matrix-free step (J v, J^T z from JVP/VJP, CG on J J^T) and a low-rank sketch of J,
 for the linear algebra of ONE SQP-Adam step on real constraint Jacobians (issue 28, part 2).
 
-The step (SQP-Adam, ``rho="full"``, the host path of :mod:`lit_constrained.optim.nullspace`) needs, with
+The step (SQP-Adam, ``rho="full"``, :mod:`lit_constrained.optim.nullspace`) needs, with
 :math:`G = J J^T`, g the objective's gradient, w the Adam direction, a = lr and s = 1:
 
 .. math::
@@ -11,11 +11,11 @@ The step (SQP-Adam, ``rho="full"``, the host path of :mod:`lit_constrained.optim
 i.e. two solves with G (three or more with the post-step corrections, :math:`G^+ c(x_{k+1})` each).
 
 * **(a) the package's path**: J by the per-point engine (``ConstrainedModule.constraint_jacobian`` of a
-  task that declares ``imposed()``), the blocked Gram (``nullspace.gram``), its host factor
-  (``GramFactor.from_gram(..., host=True)``: eigh for m <= 64, pivoted Cholesky above) and the step's
-  products (J g, J^T y, and ``merged_step`` with the refinement the optimizer's plan asks for:
-  ``host_refinement_code``; where the plan asks for the exact float64 Gram, its Gram and factor are
-  timed too). ``sqp step`` times the package's ``SQPAdam.step`` given c and J: the same algebra as the
+  task that declares ``imposed()``), the blocked Gram (``nullspace.gram``), its factor
+  (``GramFactor.from_gram``: eigh for m <= 64, ``PivotedGramFactor``'s pivoted Cholesky above on the CPU)
+  and the step's products (J g, J^T y, and ``merged_step`` with the refinement the optimizer's plan asks
+  for: ``RefinementPlan.decode(refinement_counts(...))``; where the plan asks for the exact float64 Gram,
+  its Gram and factor are timed too). ``sqp step`` times the package's ``SQPAdam.step`` given c and J: the same algebra as the
   optimizer runs it (a cross-check of Gram + factor + products).
 * **(b) matrix-free**: :math:`J^T z` by reverse mode (``torch.autograd.grad(c, params, z,
   retain_graph=True)`` on c's graph, built once a step) and :math:`J v` by forward mode, timed two ways:
@@ -63,9 +63,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# One BLAS thread unless the caller sets more: the package's host path (NumPy/SciPy: OpenBLAS) and torch
-# alike. (OpenBLAS's default, a thread per core, spins against the other load on a shared 2-core machine:
-# the pivoted Cholesky of a 1 000 x 1 000 Gram measured seconds instead of milliseconds.) Before NumPy loads.
+# One BLAS thread unless the caller sets more: the pivoted Cholesky factor of a large Gram (NumPy/SciPy:
+# OpenBLAS) and torch alike. (OpenBLAS's default, a thread per core, spins against the other load on a shared
+# 2-core machine: the pivoted Cholesky of a 1 000 x 1 000 Gram measured seconds instead of milliseconds.)
+# Before NumPy loads.
 for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 THREADS = int(os.environ["OMP_NUM_THREADS"])
@@ -80,10 +81,11 @@ from harness import interleaved_medians, quiet, repeated  # noqa: E402  (benchma
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
 
 from lit_constrained.optim import SQPAdam  # noqa: E402
+from lit_constrained.optim.gram_factor import GramFactor  # noqa: E402
+from lit_constrained.optim.hyperparameters import DEFAULT_RCOND  # noqa: E402
 from lit_constrained.optim.nullspace import (  # noqa: E402
-    DEFAULT_RCOND,
     TARGET_ERROR,
-    GramFactor,
+    RefinementPlan,
     add_rmatvec_,
     chunk_columns,
     exact_gram,
@@ -91,10 +93,9 @@ from lit_constrained.optim.nullspace import (  # noqa: E402
     exact_refinements,
     gram,
     gram_partials_shape,
-    host_matvec,
-    host_refinement_code,
+    matvec,
     merged_step,
-    to_device,
+    refinement_counts,
 )
 
 LR = 5e-4
@@ -265,32 +266,33 @@ def explicit_cg_iterations(G: np.ndarray, b: np.ndarray, tol: float, cap: int) -
 class Sketch:
     r""":math:`J \approx Q B`, Q (m x l) orthonormal, :math:`B = Q^T J`; :math:`G^+ \approx Q (B B^T)^+ Q^T`."""
 
-    q: np.ndarray
+    q: Tensor
     factor: GramFactor
 
     @classmethod
     def of(cls, J: Tensor, width: int, generator: torch.Generator) -> "Sketch":
         omega = torch.randn(J.shape[1], width, generator=generator, dtype=J.dtype)
-        q, _ = np.linalg.qr((J @ omega).numpy().astype(np.float64))
-        B = torch.from_numpy(q.T.astype(np.float32)) @ J
-        return cls(q, GramFactor.from_gram(gram(B), DEFAULT_RCOND, host=True))
+        q, _ = torch.linalg.qr((J @ omega).to(torch.float64))
+        B = q.T.to(J.dtype) @ J
+        return cls(q, GramFactor.from_gram(gram(B), DEFAULT_RCOND))
 
-    def solve(self, b: np.ndarray) -> np.ndarray:
-        return self.q @ self.factor.host.solve(self.q.T @ b)
+    def solve(self, b: Tensor) -> Tensor:
+        """Q (B B^T)^+ Q^T b (float64)."""
+        return self.q @ self.factor.solve(self.q.T @ b)
 
 
-def sketch_step(J: Tensor, sketch: Sketch, w: Tensor, a: float, sc: np.ndarray, g: Tensor, refinements: int,
+def sketch_step(J: Tensor, sketch: Sketch, w: Tensor, a: float, sc: Tensor, g: Tensor, refinements: int,
                 workspace: tuple[Tensor, Tensor]) -> Tensor:
     """The step's products with the sketch's G^+: P g (discarded: its cost), then a w - J^T z and
     ``refinements`` steps of iterative refinement toward J delta = -sc as the package refines (residual
     from float64 products, correction J^T G~^+ r from split multipliers)."""
-    y = to_device(sketch.solve(host_matvec(J, g)), J)
+    y = sketch.solve(matvec(J, g)).to(J.dtype)
     torch.addmv(g, J.T, y, alpha=-1.0)
-    z = to_device(sketch.solve(sc + a * host_matvec(J, w)), J)
+    z = sketch.solve(sc + a * matvec(J, w)).to(J.dtype)
     delta = torch.addmv(w, J.T, z, beta=a, alpha=-1.0)
     for _ in range(refinements):
-        r = -sc - exact_matvec(J, delta, workspace).numpy()
-        add_rmatvec_(delta, J, torch.from_numpy(sketch.solve(r)), split=True)
+        r = -sc - exact_matvec(J, delta, workspace)
+        add_rmatvec_(delta, J, sketch.solve(r), split=True)
     return delta
 
 
@@ -306,27 +308,27 @@ def measure(task: str, m: int, repeats: int, cap: int, real_iterations: int, rea
     J = model.constraint_jacobian(batch, c, params)
     w = -torch.sign(g)  # Adam's first direction r / sqrt(s) = sign(u), u ~ -g
     a = LR
-    sc = c.double().numpy()  # s = 1 (rho = "full")
+    sc = c.double()  # s = 1 (rho = "full")
 
     # (a) the package's path, pieces as the optimizer runs them
     workspace = torch.empty(gram_partials_shape(tuple(J.shape)), dtype=J.dtype)
     G = gram(J, workspace)
-    factor = GramFactor.from_gram(G, DEFAULT_RCOND, host=True)
-    code = host_refinement_code(factor.host.condition, n, J.dtype, m) + 2
-    exact_residual, refinements = code >= 8, code % 8 - 2
+    factor = GramFactor.from_gram(G, DEFAULT_RCOND)
+    plan = RefinementPlan.decode(tuple(refinement_counts(factor, n, J.dtype).tolist()), m)
+    exact_residual, refinements = plan.exact_residual, plan.steps
     chunk = min(n, chunk_columns(m))
     exact_ws = (torch.empty(m, chunk, dtype=torch.float64), torch.empty(chunk, dtype=torch.float64))
-    exact_path = refinements < 0
+    exact_path = plan.exact_gram
     step_factor = factor
     if exact_path:  # the plan recomputes the Gram from float64 products (as the optimizer's step does)
         G_exact = exact_gram(J, exact_ws)
-        step_factor = GramFactor.from_gram(G_exact, DEFAULT_RCOND, host=True)
+        step_factor = GramFactor.from_gram(G_exact, DEFAULT_RCOND)
         refinements, exact_residual = exact_refinements(step_factor, J.dtype), True
     delta = torch.empty_like(g)
     scratch = torch.empty_like(g)
 
     def products() -> Tensor:
-        y = to_device(step_factor.host.solve(host_matvec(J, g)), J)
+        y = step_factor.solve(matvec(J, g)).to(J.dtype)
         torch.addmv(g, J.T, y, alpha=-1.0)  # P g
         return merged_step(J, step_factor, w, a, sc, refinements, delta, exact_ws if exact_residual else None,
                            None, exact_residual, scratch if exact_residual else None)
@@ -340,7 +342,7 @@ def measure(task: str, m: int, repeats: int, cap: int, real_iterations: int, rea
     free = MatrixFree(model, batch, params)
     free.setup()
     z_probe = torch.randn(m, generator=torch.Generator().manual_seed(1))
-    b_merged = torch.from_numpy(sc + a * (J.double() @ w.double()).numpy()).float()
+    b_merged = (sc + a * (J.double() @ w.double())).float()
 
     def cg_timed() -> None:
         conjugate_gradients(lambda p: free.matvec(free.rmatvec(p)), b_merged, CG_TIMED_ITERATIONS)
@@ -350,11 +352,11 @@ def measure(task: str, m: int, repeats: int, cap: int, real_iterations: int, rea
     runners: dict[str, Callable[[int], Any]] = {
         "J": repeated(lambda: model.constraint_jacobian(batch, c, params)),
         "gram": repeated(lambda: gram(J, workspace)),
-        "factor": repeated(lambda: GramFactor.from_gram(G, DEFAULT_RCOND, host=True)),
+        "factor": repeated(lambda: GramFactor.from_gram(G, DEFAULT_RCOND)),
     }
     if exact_path:
         runners["exact gram"] = repeated(lambda: exact_gram(J, exact_ws))
-        runners["exact factor"] = repeated(lambda: GramFactor.from_gram(G_exact, DEFAULT_RCOND, host=True))
+        runners["exact factor"] = repeated(lambda: GramFactor.from_gram(G_exact, DEFAULT_RCOND))
     runners.update({
         "products": repeated(products),
         "sqp step": repeated(lambda: optimizer.step(constraints=c, jacobian=J)),
@@ -413,14 +415,15 @@ def measure(task: str, m: int, repeats: int, cap: int, real_iterations: int, rea
 
     # accuracy of the merged step: the package's, the sketches', and the floor
     def residual(step: Tensor) -> float:
-        return float(np.linalg.norm(exact_matvec(J, step).numpy() + sc) / np.linalg.norm(sc))
+        return float((exact_matvec(J, step) + sc).norm() / sc.norm())
 
-    floor = float(np.linalg.norm(basis[:, ~kept] @ (basis[:, ~kept].T @ sc)) / np.linalg.norm(sc))
+    sc64 = sc.numpy()
+    floor = float(np.linalg.norm(basis[:, ~kept] @ (basis[:, ~kept].T @ sc64)) / np.linalg.norm(sc64))
     accuracy = {"floor": floor, "package": residual(products().clone())}
     for width in widths:
         sketch = Sketch.of(J, width, generator)
         accuracy[f"sketch l={width}"] = residual(sketch_step(J, sketch, w, a, sc, g, max(refinements, 0), exact_ws))
-        accuracy[f"sketch l={width} rank"] = int(sketch.factor.host.rank)
+        accuracy[f"sketch l={width} rank"] = int(sketch.factor.rank)
 
     package_ms = {"J": ms["J"], "gram": ms["gram"] + ms.get("exact gram", 0.0),
                   "factor": ms["factor"] + ms.get("exact factor", 0.0), "products": ms["products"]}
@@ -431,8 +434,8 @@ def measure(task: str, m: int, repeats: int, cap: int, real_iterations: int, rea
     free_total = (None if any(k is None for k in needed)
                   else ms["mf setup"] + iteration_ms * sum(needed))
     return {
-        "task": task, "m": m, "n": n, "rank_package": int(factor.host.rank), "cond_G_package": float(factor.host.condition),
-        "rank_step_factor": int(step_factor.host.rank), "cond_G_step_factor": float(step_factor.host.condition),
+        "task": task, "m": m, "n": n, "rank_package": int(factor.rank), "cond_G_package": float(factor.condition),
+        "rank_step_factor": int(step_factor.rank), "cond_G_step_factor": float(step_factor.condition),
         "cond_G_kept_eigh": cond_kept, "rank_eigh": int(kept.sum()),
         "cond_G_full_eigh": largest / max(float(eigenvalues[0]), 1e-300) if eigenvalues[0] > 0 else math.inf,
         "plan": {"exact_gram": exact_path, "refinements": refinements, "exact_residual": bool(exact_residual)},
