@@ -76,7 +76,7 @@ def normal_step_scale(
     adaptive = is_adaptive(cap, rho)
     if cap is None or (cap == "adaptive" and not adaptive):
         return s_t, norm
-    size = x_norm()
+    size = None if adaptive and "reference_norm" in state else x_norm()  # (the radius needs ||x|| once)
     if adaptive:
         rule = ADAPTIVE_NORMAL_STEP
         c_norm = c.norm()
