@@ -82,6 +82,19 @@ def test_scaled_gram_against_dense_float64(m, dtype):
     assert (exact_gram(J, d=d) - exact).norm() / exact.norm() < 1e-14
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_scaled_gram_without_scaling_gives_the_gemv_product_unchanged(dtype):
+    """Without d, J v comes with the Gram from scaled_gram as the SQP methods formed it before (one GEMV
+    in J's dtype, then float64): the same bits, and the Gram is gram(J)'s; the step's order of the two
+    products changed, not their values. (Against float64 products too.)"""
+    gen = torch.Generator().manual_seed(3)
+    J, v = torch.randn(10, 5000, generator=gen, dtype=dtype), torch.randn(5000, generator=gen, dtype=dtype)
+    G, Jv = scaled_gram(J, None, v=v)
+    assert torch.equal(Jv, (J @ v).to(F64)) and torch.equal(G, gram(J))
+    exact = J.to(F64) @ v.to(F64)
+    assert ((Jv - exact).abs() / (J.to(F64).abs() @ v.to(F64).abs())).max() <= 10 * torch.finfo(dtype).eps
+
+
 @pytest.mark.parametrize("n", [300, 20_000, 100_003])
 def test_blocked_matvec_is_within_its_error_estimate(n):
     """Float32 products over RESIDUAL_BLOCK columns summed in float64: each row's error is ~eps32
