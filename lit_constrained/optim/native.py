@@ -15,8 +15,9 @@ kernels do each in one pass over float32 J:
   512 columns), which the refinement plan keeps using;
 * :func:`exact_matvec`: :math:`J v` from float64 products (exact for float32 data) and float64 sums (16
   lanes), as the eager one but in another order of the float64 sums;
-* :func:`exact_rmatvec`: :math:`J^T z` for a float64 z, accumulated over the rows in float64 and rounded
-  to float32 once (the eager split's two float32 products approximate this rounding).
+* :func:`exact_rmatvec`: :math:`J^T z` (or :math:`out + J^T z`: a refinement's correction added in the
+  same pass) for a float64 z, accumulated over the rows in float64 and rounded to float32 once (the
+  eager split's two float32 products, then the addition, approximate this rounding).
 
 So their results differ from the eager path's in the last bits of each sum, within the same error
 bounds (tested against float64 products); trajectories are not bit-identical to the eager ones.
@@ -253,13 +254,23 @@ static inline __attribute__((always_inline)) void rows_rmatvec(const int R, cons
     }
 }
 
-/* out = J^T z for float32 J and float64 z: each entry summed over the rows in float64, rounded once */
-void exact_rmatvec_f32(const float *J, int64_t m, int64_t ld, int64_t n, const double *z, float *out) {
+/* out = J^T z (accumulate = 0) or out + J^T z (accumulate = 1) for float32 J and out and a float64 z:
+   each entry summed in float64 (out first, then the rows in order) and rounded once */
+void exact_rmatvec_f32(const float *J, int64_t m, int64_t ld, int64_t n, const double *z, float *out,
+                       int accumulate) {
     const int64_t n16 = n / LANES * LANES;
     vd acc[CHUNK / 8];
     for (int64_t c0 = 0; c0 < n16; c0 += CHUNK) {
         const int64_t c1 = c0 + CHUNK < n16 ? c0 + CHUNK : n16, width = (c1 - c0) / 8;
-        for (int64_t t = 0; t < width; t++) acc[t] = (vd){0};
+        if (accumulate) {
+            for (int64_t t = 0; t < width; t += 2) {
+                vf o = load(out + c0 + t * 8);
+                acc[t] = low(o);
+                acc[t + 1] = high(o);
+            }
+        } else {
+            for (int64_t t = 0; t < width; t++) acc[t] = (vd){0};
+        }
         for (int64_t i0 = 0; i0 < m; i0 += GROUP) {
             const int R = m - i0 < GROUP ? (int)(m - i0) : GROUP;
             switch (R) {
@@ -278,7 +289,7 @@ void exact_rmatvec_f32(const float *J, int64_t m, int64_t ld, int64_t n, const d
         }
     }
     for (int64_t k = n16; k < n; k++) {
-        double t = 0.0;
+        double t = accumulate ? (double)out[k] : 0.0;
         for (int64_t i = 0; i < m; i++) t += (double)J[i * ld + k] * z[i];
         out[k] = (float)t;
     }
@@ -365,10 +376,11 @@ def exact_matvec(J: Tensor, v: Tensor) -> Tensor:
     return out
 
 
-def exact_rmatvec(J: Tensor, z: Tensor, out: Tensor) -> Tensor:
-    """out = J^T z summed in float64 and rounded to float32 once. Only where :func:`takes_rmatvec` holds."""
+def exact_rmatvec(J: Tensor, z: Tensor, out: Tensor, accumulate: bool = False) -> Tensor:
+    """out = J^T z (``accumulate``: out + J^T z) summed in float64 and rounded to float32 once. Only where
+    :func:`takes_rmatvec` holds."""
     m, n = J.shape
-    _library().exact_rmatvec_f32(J.data_ptr(), m, J.stride(0), n, z.data_ptr(), out.data_ptr())
+    _library().exact_rmatvec_f32(J.data_ptr(), m, J.stride(0), n, z.data_ptr(), out.data_ptr(), int(accumulate))
     return out
 
 
@@ -390,9 +402,10 @@ def _library() -> ctypes.CDLL | None:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     lib.gram_f32.argtypes = [pointer, size, size, size, pointer, pointer, pointer, pointer]
     lib.gram_f32.restype = ctypes.c_int
-    for name in ("exact_matvec_f32", "exact_rmatvec_f32"):
-        getattr(lib, name).argtypes = [pointer, size, size, size, pointer, pointer]
-        getattr(lib, name).restype = None
+    lib.exact_matvec_f32.argtypes = [pointer, size, size, size, pointer, pointer]
+    lib.exact_matvec_f32.restype = None
+    lib.exact_rmatvec_f32.argtypes = [pointer, size, size, size, pointer, pointer, ctypes.c_int]
+    lib.exact_rmatvec_f32.restype = None
     return lib
 
 

@@ -367,8 +367,12 @@ def add_rmatvec_(
     """out += alpha J^T z (alpha D J^T z with ``scaling``), in place (out and J share a dtype; z is cast
     to it). ``split``: J^T z is formed apart from split multipliers (:func:`_rmatvec_into`; in ``scratch``,
     an n-vector in J's dtype allocated when None, or in the scaling's scratch) and added in one rounding,
-    for a float64 z that the product would otherwise lose (a refinement's correction, :func:`refine_`)."""
+    for a float64 z that the product would otherwise lose (a refinement's correction, :func:`refine_`);
+    under the native kernels (:mod:`~lit_constrained.optim.native`) out + J^T z is summed in float64 and
+    rounded once, in one pass."""
     if split:
+        if scaling is None and alpha == 1.0 and native.takes_rmatvec(J, z, out):
+            return native.exact_rmatvec(J, z, out, accumulate=True)
         if scaling is None:
             product = _rmatvec_into(torch.empty_like(out) if scratch is None else scratch, J, z)
             return out.add_(product, alpha=alpha)

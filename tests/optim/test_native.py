@@ -82,6 +82,11 @@ def test_exact_products_against_dense_float64(m, n):
         assert ng.takes_matvec(J, v) and ng.takes_rmatvec(J, z, out)
         Jv, JTz = exact_matvec(J, v), _rmatvec_into(out, J, z)
     assert JTz is out
+    before = torch.randn(n, generator=gen)
+    with ng.native(True):
+        added = ng.exact_rmatvec(J, z, before.clone(), accumulate=True)
+    assert ((added.to(F64) - (before.to(F64) + JTz_exact)).abs() <= torch.finfo(torch.float32).eps * (
+        before.to(F64) + JTz_exact).abs() + 1e-12 * (J.to(F64).abs().T @ z.abs() + before.to(F64).abs())).all()
     scale = J.to(F64).abs() @ v.to(F64).abs()
     assert ((Jv - Jv_exact).abs() / scale).max() <= 1e-14
     rounding = JTz_exact.to(torch.float32).to(F64)  # the correctly rounded J^T z
