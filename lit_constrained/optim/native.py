@@ -70,12 +70,24 @@ typedef double vd __attribute__((vector_size(64)));
 
 static inline vf load(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 
+/* the lanes 0-7 and 8-15 of a as doubles (memcpy of the halves: the compilers turn it into register
+   moves; __builtin_convertvector needs GCC >= 9 or clang) */
+static inline vd low(vf a) { vf8 h; memcpy(&h, &a, sizeof h); return __builtin_convertvector(h, vd); }
+static inline vd high(vf a) { vf8 h; memcpy(&h, (const char *)&a + sizeof h, sizeof h); return __builtin_convertvector(h, vd); }
+
+/* the two halves rounded to float and joined */
+static inline vf join(vd lo, vd hi) {
+    vf8 l = __builtin_convertvector(lo, vf8), h = __builtin_convertvector(hi, vf8);
+    vf r;
+    memcpy(&r, &l, sizeof l);
+    memcpy((char *)&r + sizeof l, &h, sizeof h);
+    return r;
+}
+
 /* acc[0..1] += (double) a, lane by lane */
 static inline void flush(vd *acc, vf a) {
-    vf8 lo = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7);
-    vf8 hi = __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
-    acc[0] += __builtin_convertvector(lo, vd);
-    acc[1] += __builtin_convertvector(hi, vd);
+    acc[0] += low(a);
+    acc[1] += high(a);
 }
 
 static inline double lane_sum(const vd *a) {
@@ -188,8 +200,6 @@ int gram_f32(const float *J, int64_t m, int64_t ld, int64_t n, const float *d, c
     return 0;
 }
 
-static inline vd low(vf a) { return __builtin_convertvector(__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7), vd); }
-static inline vd high(vf a) { return __builtin_convertvector(__builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15), vd); }
 
 /* R rows of J times v: acc[r][0..1] = lane sums of (double) J[r, k] * (double) v[k] */
 #define ROWS 6
@@ -282,9 +292,7 @@ void exact_rmatvec_f32(const float *J, int64_t m, int64_t ld, int64_t n, const d
             }
         }
         for (int64_t t = 0; t < width; t += 2) {
-            vf r = __builtin_shufflevector(__builtin_convertvector(acc[t], vf8),
-                                           __builtin_convertvector(acc[t + 1], vf8),
-                                           0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            vf r = join(acc[t], acc[t + 1]);
             memcpy(out + c0 + t * 8, &r, sizeof r);
         }
     }
