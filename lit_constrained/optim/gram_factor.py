@@ -25,8 +25,8 @@ from .pivoted_cholesky import HostCholesky
 
 EIGH_MAX_SIZE = 64
 """The largest m whose CPU Gram matrix is factored by ``eigh``; a larger one is factored by the pivoted
-Cholesky factorization (below it the m x m algebra costs microseconds either way; docs/scale.md has the
-measured costs)."""
+Cholesky factorization (below it the m x m algebra costs microseconds either way; the measured costs:
+docs/optim_measurements.md, large m, and docs/scale.md)."""
 
 
 @dataclass
