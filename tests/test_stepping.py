@@ -210,3 +210,25 @@ def test_a_plateau_scheduler_in_a_fit_without_validation_warns() -> None:
     with pytest.warns(UserWarning, match="does not validate"):
         model = plateau_run([1.0], steps=2, limit_val_batches=0)
     assert model.lr_per_step == [0.01, 0.01]
+
+
+def test_the_finiteness_flag_is_one_reduction_and_an_overflowing_sum_is_rechecked():
+    """The fused flag sums each tensor (a NaN/inf anywhere makes the sum non-finite); finite entries
+    whose float32 sum overflows read as "not finite" there, and the entrywise recheck clears them."""
+    from lit_constrained.stepping import TrainingStepper
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.grad = torch.ones(3)
+    f, c = torch.tensor(1.0), torch.zeros(2)
+    big = torch.full((2, 3), 3e38)  # finite, but the sum overflows float32
+    assert not bool(TrainingStepper._all_finite(f, c, big, [p]))
+    assert TrainingStepper._entrywise_finite(f, c, big, [p])
+    for bad in (float("nan"), float("inf")):
+        J = torch.zeros(2, 3)
+        J[1, 2] = bad
+        assert not bool(TrainingStepper._all_finite(f, c, J, [p]))
+        assert not TrainingStepper._entrywise_finite(f, c, J, [p])
+    p.grad[0] = float("nan")
+    assert not bool(TrainingStepper._all_finite(f, c, None, [p])) and not TrainingStepper._entrywise_finite(f, c, None, [p])
+    p.grad[0] = 1.0
+    assert bool(TrainingStepper._all_finite(f, c, torch.zeros(2, 3), [p]))

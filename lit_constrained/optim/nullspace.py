@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -194,7 +195,9 @@ def scaled_gram(J: Tensor, d: Tensor | None, workspace: Tensor | None = None, sc
         blocks = n // block
         full = blocks * block
         G = None
-        if blocks:
+        if blocks and m > EIGH_MAX_SIZE:  # large m: one block's m x m product at a time (see gram_partials_shape)
+            G = _accumulated_gram(J, d, block, blocks, workspace, chunk, scaled)
+        elif blocks:
             if workspace is None or tuple(workspace.shape) != (blocks, m, m):
                 workspace = torch.empty(blocks, m, m, dtype=J.dtype, device=J.device)
             if d is None:  # the (blocks, m, block) column blocks of J and their transposes: strided views
@@ -223,6 +226,29 @@ def scaled_gram(J: Tensor, d: Tensor | None, workspace: Tensor | None = None, sc
     if d is None and v is not None:
         Jv = matvec(J, v)
     return G, Jv
+
+
+def _accumulated_gram(J: Tensor, d: Tensor | None, block: int, blocks: int, workspace: Tensor | None, chunk: int,
+                      scaled: Callable[[int, int], Tensor]) -> Tensor:
+    """The float64 sum over the first ``blocks`` column blocks of their float32 products J_b D_b^2 J_b^T, one
+    (m, m) product at a time in ``workspace[0]`` (shape (1, m, m); allocated if None) and added to G in
+    float64: the same products and float64 sum as the (blocks, m, m) partials of :func:`scaled_gram`, whose
+    bytes (blocks x m^2) would exceed a fraction of J's at large m. ``scaled(start, stop)`` returns the
+    scaled columns (with ``d``; chunks of ``chunk`` columns, whole blocks)."""
+    m = J.shape[0]
+    if workspace is None or tuple(workspace.shape) != (1, m, m):
+        workspace = torch.empty(1, m, m, dtype=J.dtype, device=J.device)
+    product = workspace[0]
+    G = torch.zeros(m, m, dtype=torch.float64, device=J.device)
+    full = blocks * block
+    step = block if d is None else chunk
+    for start in range(0, full, step):
+        stop = min(start + step, full)
+        columns = J[:, start:stop] if d is None else scaled(start, stop)
+        for offset in range(0, stop - start, block):
+            piece = columns[:, offset:offset + block]
+            G.add_(torch.mm(piece, piece.T, out=product))
+    return G
 
 
 def _symmetrized_sum(G: Tensor | None, tail: Tensor | None) -> Tensor:
@@ -269,9 +295,11 @@ def gram_error(n: int, dtype: torch.dtype, m: int = 1) -> float:
 
 
 def gram_partials_shape(shape: tuple[int, int]) -> tuple[int, int, int]:
-    """The shape of :func:`gram`'s workspace for a J of ``shape``."""
+    """The shape of :func:`gram`'s workspace for a J of ``shape``: the blocks' (m, m) partials, or for
+    m > ``EIGH_MAX_SIZE`` a single one (accumulated block by block: at m = 1 000 all partials would take
+    half of J's bytes)."""
     m, n = shape
-    return (n // gram_block(m), m, m)
+    return (1 if m > EIGH_MAX_SIZE else n // gram_block(m), m, m)
 
 
 Scaling = tuple[Tensor, Tensor]
