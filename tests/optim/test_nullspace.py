@@ -330,3 +330,27 @@ def test_large_m_refines_with_the_blocked_gram_before_forming_the_exact_one():
         k = next((k for k in range(LARGE_MAX_REFINEMENTS + 1) if rate ** (k + 1) <= TARGET_ERROR), -1)
         plan = planned(factor, n, torch.float32)
         assert (-1 if plan.exact_gram else plan.steps) == k, cond_gram
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_a_large_gram_is_accumulated_block_by_block_with_the_same_products(scaled):
+    """m > EIGH_MAX_SIZE: the Gram adds one block's float32 m x m product at a time to a float64 G
+    (no (blocks, m, m) partials): bit-identical to summing all blocks' products in float64 at once, and
+    within gram_error of the float64 Gram; with d (Adam(con)'s J D) the same as the Gram of J * d."""
+    from lit_constrained.optim.gram_factor import EIGH_MAX_SIZE
+    from lit_constrained.optim.nullspace import _symmetrized_sum, gram_block, gram_partials_shape
+
+    gen = torch.Generator().manual_seed(4)
+    m, n = EIGH_MAX_SIZE + 16, 3 * gram_block(EIGH_MAX_SIZE + 16) + 37
+    assert gram_partials_shape((m, n))[0] == 1
+    J = torch.randn(m, n, generator=gen)
+    d = torch.rand(n, generator=gen) + 0.5
+    A = J * d if scaled else J
+    block = gram_block(m)
+    blocks = n // block
+    stacked = torch.stack([A[:, i * block:(i + 1) * block] @ A[:, i * block:(i + 1) * block].T for i in range(blocks)])
+    expected = _symmetrized_sum(stacked.sum(0, dtype=F64), A[:, blocks * block:] @ A[:, blocks * block:].T)
+    G = scaled_gram(J, d)[0] if scaled else gram(J)
+    assert torch.equal(G, expected)
+    reference = A.to(F64) @ A.to(F64).T
+    assert float((G - reference).norm() / reference.norm()) <= 3 * gram_error(n, torch.float32, m)
