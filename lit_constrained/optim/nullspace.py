@@ -61,7 +61,7 @@ import torch
 from torch import Tensor
 
 from . import native
-from .gram_factor import EIGH_MAX_SIZE, GramFactor, PivotedGramFactor
+from .gram_factor import EIGH_MAX_SIZE, GramFactor
 from .hyperparameters import DEFAULT_RCOND
 
 REFINE_ABOVE_CONDITION = 1e3

@@ -81,11 +81,10 @@ class HostCholesky:
         rank = int(rank)
         columns = np.tril(factor[:, :rank])
         if rank == m:
-            lower, q, r_factor, triangle, uplo = columns, None, None, columns, "L"
+            lower, q, r_factor = columns, None, None
         else:
             lower = None
             q, r_factor = qr(columns, mode="economic", check_finite=False)
-            triangle, uplo = r_factor, "U"
         chol = cls(order, lower, q, r_factor, rank, 1.0, 0.0)
         chol.largest = _power_iteration(lambda x: G @ x, _start(G.diagonal()))
         inverse_largest = _power_iteration(chol.solve, _start(np.ones(m)))

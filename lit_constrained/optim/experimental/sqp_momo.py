@@ -205,6 +205,7 @@ from torch import Tensor
 
 from ..checks import check_beta, check_betas, check_finite, check_positive, loss_from_closure
 from ..constrained import Composed, ConstrainedOptimizer, ParamsT, Projection, StepInputs
+from ..gram_factor import GramFactor
 from ..hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,
     DEFAULT_MAX_CORRECTIONS,
@@ -332,7 +333,7 @@ class _SQPMoMoBase(ConstrainedOptimizer):
     def _to_x(self, projection: Projection, step: Tensor) -> Tensor:
         return step if projection.scaling is None else step.mul_(projection.scaling)
 
-    def _diagnostic_factor(self, projection: Projection, jacobian: Tensor):  # type: ignore[no-untyped-def]
+    def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
         return projection.factor if projection.scaling is None else self._factorize(jacobian)[0]
 
     def _raise_nonfinite(self, g: Tensor, c: Tensor, J: Tensor) -> None:
