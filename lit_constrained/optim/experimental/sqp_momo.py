@@ -470,6 +470,8 @@ class SQPMoMo(_SQPMoMoBase):
         estimate_lower_bound: estimate :math:`f^*` online (MoMo*). Shared.
         bias_correction: MoMo-Bias averaging. Shared.
 {projection_args}
+    Here ``max_normal_step`` defaults to ``None`` (the full normal step), not ``"adaptive"``: see the module
+    docstring.
     """
 
     shared_keys = _SQPMoMoBase.shared_keys + ("momentum", "bias_correction")
@@ -548,6 +550,8 @@ class SQPMoMoAdam(_SQPMoMoBase):
             :math:`\tau_k` with the slope norm :math:`\|\hat D_k^{-1/2}P_k d_k\|^2`. Shared. See the module
             docstring.
 {projection_args}
+    Here ``max_normal_step`` defaults to ``None`` (the full normal step), not ``"adaptive"``: see the module
+    docstring.
     """
 
     shared_keys = _SQPMoMoBase.shared_keys + ("betas", "geometry")
