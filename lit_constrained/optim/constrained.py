@@ -102,6 +102,7 @@ from .nullspace import (
     exact_gram,
     exact_refinements,
     gram_partials_shape,
+    matvec,
     refinement_counts,
     scaled_gram,
     scaled_scratch_shape,
@@ -298,7 +299,14 @@ class ConstrainedOptimizer(Optimizer, ABC):
 
     def _exact_factor(self, jacobian: Tensor, d: Tensor | None = None) -> GramFactor:
         G = exact_gram(jacobian, self._exact_workspace(jacobian), d)
-        return GramFactor.from_gram(G, self.param_groups[0]["rcond"])
+        return GramFactor.from_gram(G, self.param_groups[0]["rcond"], exact=True)
+
+    def _exact_gram_expected(self, jacobian: Tensor, d: Tensor | None) -> bool:
+        """Whether the last step of this J's shape and dtype needed the exact Gram (J itself, d None): J
+        changes little between steps, so this one forms it at once instead of the blocked Gram first (a
+        pass of m^2 n float32 products and a factorization saved; ``_projector`` clears the mark when the
+        exact factor's conditioning would have let the blocked Gram do)."""
+        return d is None and self._view_cache.get("exact_gram") == (tuple(jacobian.shape), jacobian.dtype)
 
     def _factorize(self, jacobian: Tensor) -> tuple[GramFactor, Tensor]:
         """The factor of G = J J^T and whether G is finite (a NaN/inf anywhere in J shows in G; the
@@ -315,16 +323,22 @@ class ConstrainedOptimizer(Optimizer, ABC):
         if m == 0:
             return (GramFactor.empty(jacobian.device), torch.ones((), dtype=torch.bool, device=jacobian.device),
                     None if v is None else torch.zeros(0, dtype=torch.float64, device=jacobian.device))
-        partials = scratch = None
-        if jacobian.dtype != torch.float64:
-            partials = self._buffer("gram_partials", gram_partials_shape((m, n)), jacobian.dtype, jacobian.device)
-        if d is not None:
-            scratch = self._buffer("scaled_columns", scaled_scratch_shape(m, n, jacobian.dtype), jacobian.dtype,
-                                   jacobian.device)
-        G, Jv = scaled_gram(jacobian, d, partials, scratch, v)
+        exact = self._exact_gram_expected(jacobian, d)
+        if exact:
+            G = exact_gram(jacobian, self._exact_workspace(jacobian))
+            Jv = None if v is None else matvec(jacobian, v)  # (the blocked path's product for d = None)
+        else:
+            partials = scratch = None
+            if jacobian.dtype != torch.float64:
+                partials = self._buffer("gram_partials", gram_partials_shape((m, n)), jacobian.dtype,
+                                        jacobian.device)
+            if d is not None:
+                scratch = self._buffer("scaled_columns", scaled_scratch_shape(m, n, jacobian.dtype), jacobian.dtype,
+                                       jacobian.device)
+            G, Jv = scaled_gram(jacobian, d, partials, scratch, v)
         finite = torch.isfinite(G).all()
         G = torch.where(finite, G, 0.0)  # a non-finite G is flagged (the step raises): never used
-        return GramFactor.from_gram(G, self.param_groups[0]["rcond"]), finite, Jv
+        return GramFactor.from_gram(G, self.param_groups[0]["rcond"], exact=exact), finite, Jv
 
     # ------------------------------------------------------------------ the step
     @outside_autocast
@@ -442,9 +456,12 @@ class ConstrainedOptimizer(Optimizer, ABC):
         if not read[0]:
             self._raise_nonfinite(g, c, J)
         self._warn_if_dependent(int(read[3]), m, n, read[4])
-        plan = RefinementPlan.decode((read[1], read[2]), m)
-        if plan.exact_gram:
-            projection.factor = self._exact_factor(J, projection.scaling)
+        plan = RefinementPlan.decode((read[1], read[2]), m)  # (of the blocked Gram, at this conditioning)
+        if projection.scaling is None:  # remember for the next step whether the blocked Gram suffices
+            self._view_cache["exact_gram"] = (tuple(J.shape), J.dtype) if plan.exact_gram else None
+        if plan.exact_gram or factor.exact:
+            if not factor.exact:
+                projection.factor = self._exact_factor(J, projection.scaling)
             plan = RefinementPlan(exact_refinements(projection.factor, inputs.dtype), True)
         scaling = self._scaling(projection)
         exact = bool(plan.steps) and plan.exact_residual

@@ -39,6 +39,8 @@ class GramFactor:
         keep: the kept eigenvalues (bool), shape (m,).
         kept_min: the smallest kept eigenvalue (0-dim; lambda_max when nothing is kept).
         condition: lambda_max / lambda_min of the kept eigenvalues (0-dim; 1 when r = 0).
+        exact: G was formed from float64 products (``nullspace.exact_gram``): the refinement plan of the
+            blocked Gram does not apply to it.
     ``rank`` and ``smallest_singular_value`` (diagnostics) are computed when read.
     """
 
@@ -47,17 +49,18 @@ class GramFactor:
     keep: Tensor
     kept_min: Tensor
     condition: Tensor
+    exact: bool = False
 
     @classmethod
-    def from_gram(cls, G: Tensor, rcond: float = DEFAULT_RCOND) -> "GramFactor":
+    def from_gram(cls, G: Tensor, rcond: float = DEFAULT_RCOND, exact: bool = False) -> "GramFactor":
         """Factor G (float64, symmetric): ``eigh``, or the pivoted Cholesky factorization for a CPU G
-        larger than ``EIGH_MAX_SIZE``."""
+        larger than ``EIGH_MAX_SIZE``. ``exact``: G is from float64 products."""
         if G.device.type == "cpu" and G.shape[0] > EIGH_MAX_SIZE:
-            return PivotedGramFactor.from_gram(G, rcond)
-        return cls.from_eigh(G, rcond)
+            return PivotedGramFactor.from_gram(G, rcond, exact)
+        return cls.from_eigh(G, rcond, exact)
 
     @classmethod
-    def from_eigh(cls, G: Tensor, rcond: float = DEFAULT_RCOND) -> "GramFactor":
+    def from_eigh(cls, G: Tensor, rcond: float = DEFAULT_RCOND, exact: bool = False) -> "GramFactor":
         """Factor G by ``torch.linalg.eigh`` whatever its size and device."""
         eigenvalues, basis = torch.linalg.eigh(G)
         largest = eigenvalues[-1]
@@ -67,7 +70,7 @@ class GramFactor:
         kept_min = torch.where(keep, eigenvalues, largest).min()
         # nothing kept: kept_min = largest, so the ratio is 1, or 0/0 for G = 0
         condition = (largest / kept_min).nan_to_num(nan=1.0)
-        return cls(basis, inverse, keep, kept_min, condition)
+        return cls(basis, inverse, keep, kept_min, condition, exact)
 
     @classmethod
     def empty(cls, device: torch.device | None = None) -> "GramFactor":
@@ -116,9 +119,9 @@ class PivotedGramFactor(GramFactor):
     cholesky: HostCholesky | None = None
 
     @classmethod
-    def from_gram(cls, G: Tensor, rcond: float = DEFAULT_RCOND) -> "PivotedGramFactor":
+    def from_gram(cls, G: Tensor, rcond: float = DEFAULT_RCOND, exact: bool = False) -> "PivotedGramFactor":
         chol = HostCholesky.factor(G.numpy(), rcond)
-        return cls(None, None, None, _scalar(chol.kept_min), _scalar(chol.condition), chol)
+        return cls(None, None, None, _scalar(chol.kept_min), _scalar(chol.condition), exact, chol)
 
     @property
     def size(self) -> int:

@@ -77,3 +77,43 @@ def test_the_rank_warning_points_at_the_callers_line():
     [warning] = [w for w in caught if "numerical rank" in str(w.message)]
     assert warning.filename == __file__, warning.filename
     assert not math.isnan(float(x.detach().sum()))
+
+
+def test_a_step_after_one_that_needed_the_exact_gram_forms_it_at_once(monkeypatch):
+    """J too ill-conditioned for the blocked Gram (cond(J) = 1e5, float32): the first step forms the blocked
+    Gram, finds it insufficient and forms the exact one; the next steps of that shape go to the exact Gram
+    directly. The trajectory is bit-identical to re-deciding at every step (the same exact factor and
+    refinements)."""
+    import lit_constrained.optim.constrained as constrained_module
+
+    calls = {"blocked": 0}
+    blocked = constrained_module.scaled_gram
+
+    def counted(*args, **kwargs):
+        calls["blocked"] += 1
+        return blocked(*args, **kwargs)
+
+    monkeypatch.setattr(constrained_module, "scaled_gram", counted)
+    gen = torch.Generator().manual_seed(5)
+    m, n = 6, 4000
+    U, _ = torch.linalg.qr(torch.randn(m, m, generator=gen, dtype=F64))
+    V, _ = torch.linalg.qr(torch.randn(n, m, generator=gen, dtype=F64))
+    J = ((U * torch.logspace(0, -5, m, dtype=F64)) @ V.T).float()
+    grads = [torch.randn(n, generator=gen) for _ in range(4)]
+    cs = [torch.randn(m, generator=gen) for _ in range(4)]
+    runs = []
+    for redecide in (False, True):
+        x = torch.nn.Parameter(torch.zeros(n))
+        opt = SQPAdam([x], lr=1e-2, max_normal_step=None)
+        calls["blocked"] = 0
+        trajectory = []
+        for g, c in zip(grads, cs):
+            if redecide:
+                opt._view_cache.pop("exact_gram", None)
+            x.grad = g.clone()
+            opt.step(constraints=c, jacobian=J)
+            trajectory.append(x.detach().clone())
+        runs.append((trajectory, calls["blocked"]))
+    (sticky, sticky_calls), (fresh, fresh_calls) = runs
+    assert sticky_calls == 1 and fresh_calls == 4
+    assert all(torch.equal(a, b) for a, b in zip(sticky, fresh))
