@@ -354,3 +354,21 @@ def test_a_large_gram_is_accumulated_block_by_block_with_the_same_products(scale
     assert torch.equal(G, expected)
     reference = A.to(F64) @ A.to(F64).T
     assert float((G - reference).norm() / reference.norm()) <= 3 * gram_error(n, torch.float32, m)
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_the_exact_gram_of_many_rows_from_its_lower_triangle(scaled):
+    """m >= 256: exact_gram takes the float64 products of the band blocks on and below the diagonal only and
+    mirrors them: exactly symmetric and equal to the float64 Gram to float64 round-off."""
+    from lit_constrained.optim.nullspace import _row_bands
+
+    gen = torch.Generator().manual_seed(6)
+    m, n = 300, 3000
+    assert len(_row_bands(m)) == 2 and len(_row_bands(100)) == 1
+    J = torch.randn(m, n, generator=gen)
+    d = torch.rand(n, generator=gen) + 0.5 if scaled else None
+    A = J.to(F64) if d is None else J.to(F64) * d.to(F64)
+    G = exact_gram(J, d=d)
+    assert torch.equal(G, G.T)
+    reference = A @ A.T
+    assert float((G - reference).abs().max()) <= 1e-13 * float(reference.abs().max())
