@@ -211,7 +211,12 @@ def loss_from_closure(owner: str, closure: Callable[[], Any] | None, call: str) 
         )
     with torch.enable_grad():
         value = closure()
+    return value, loss_tensor(value)
+
+
+def loss_tensor(value: Any) -> Tensor:
+    """A closure's loss value as a tensor of one element (a Python number as float64); else a ValueError."""
     loss = value if isinstance(value, Tensor) else torch.as_tensor(value, dtype=torch.float64)
     if loss.numel() != 1:
         raise ValueError(f"The closure must return a scalar loss; got a tensor of shape {tuple(loss.shape)}.")
-    return value, loss
+    return loss

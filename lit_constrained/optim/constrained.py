@@ -444,7 +444,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         if m == 0:
             finite = finite & torch.isfinite(torch.dot(g, g))
             if not bool(finite):
-                self._raise_nonfinite(g, c, J)
+                self._raise_nonfinite(inputs)
             return Projector(J, projection.factor, RefinementPlan(0, False))
         factor = projection.factor
         read = torch.cat([  # (all on the factor's device: one transfer)
@@ -454,7 +454,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
             factor.condition.reshape(1).to(torch.float64),
         ]).tolist()
         if not read[0]:
-            self._raise_nonfinite(g, c, J)
+            self._raise_nonfinite(inputs)
         self._warn_if_dependent(int(read[3]), m, n, read[4])
         plan = RefinementPlan.decode((read[1], read[2]), m)  # (of the blocked Gram, at this conditioning)
         if projection.scaling is None:  # remember for the next step whether the blocked Gram suffices
@@ -567,11 +567,11 @@ class ConstrainedOptimizer(Optimizer, ABC):
             "optim/rank.", RuntimeWarning, stacklevel=8,
         )
 
-    def _raise_nonfinite(self, g: Tensor, c: Tensor, J: Tensor) -> None:
+    def _raise_nonfinite(self, inputs: StepInputs) -> None:
         """The failure path (syncs are fine here): name what is not finite."""
-        check_finite("The constraints c", c)
-        check_finite("The jacobian J", J)
-        check_finite("The objective gradient g", g)
+        check_finite("The constraints c", inputs.c)
+        check_finite("The jacobian J", inputs.jacobian)
+        check_finite("The objective gradient g", inputs.g)
         raise ValueError(
             "The step is not finite (an overflow in the projection); the step was not taken. "
             "Check the loss/constraints at this point (a diverging run or a bad batch)."

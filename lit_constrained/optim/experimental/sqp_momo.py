@@ -203,7 +203,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ..checks import check_beta, check_betas, check_finite, check_positive, loss_from_closure
+from ..checks import check_beta, check_betas, check_finite, check_positive, loss_from_closure, loss_tensor
 from ..constrained import Composed, ConstrainedOptimizer, ParamsT, Projection, StepInputs
 from ..gram_factor import GramFactor
 from ..hyperparameters import (
@@ -299,22 +299,18 @@ class _SQPMoMoBase(ConstrainedOptimizer):
         return state
 
     def _call_closure(self, closure: Any) -> Any:
-        self._closure_value = loss_from_closure(
-            type(self).__name__, closure, "step(closure, constraints=c, jacobian=J)")
-        return self._closure_value[0]
+        return loss_from_closure(type(self).__name__, closure, "step(closure, constraints=c, jacobian=J)")[0]
 
     def _inputs(self, params: list[Tensor], constraints: Tensor | None, jacobian: Tensor | None,
                 loss: Any) -> StepInputs:
         """The kernel's inputs plus the loss model's: f, x and <g, x> (their finiteness joins the step's
         one host read)."""
         inputs = super()._inputs(params, constraints, jacobian, loss)
-        value, loss_tensor = self._closure_value
         x = inputs.layout.gather(params, self._vector("parameters", inputs.g), "parameters")
-        f = loss_tensor.detach().reshape(()).to(device=x.device, dtype=torch.float64)
+        f = loss_tensor(loss).detach().reshape(()).to(device=x.device, dtype=torch.float64)
         gx = torch.dot(inputs.g, x).to(torch.float64)
-        inputs.loss = LossModelInputs(value, f, x, gx)
+        inputs.loss = LossModelInputs(loss, f, x, gx)
         inputs.finite = torch.isfinite(f) & torch.isfinite(gx)
-        self._step_inputs = inputs  # (read by _raise_nonfinite on the failure path only)
         return inputs
 
     def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
@@ -336,11 +332,11 @@ class _SQPMoMoBase(ConstrainedOptimizer):
     def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
         return projection.factor if projection.scaling is None else self._factorize(jacobian)[0]
 
-    def _raise_nonfinite(self, g: Tensor, c: Tensor, J: Tensor) -> None:
-        check_finite(f"{type(self).__name__}: the loss", self._step_inputs.loss.f)
-        check_finite("The objective gradient g", g)
-        check_finite("The parameters x", self._step_inputs.loss.x)
-        super()._raise_nonfinite(g, c, J)
+    def _raise_nonfinite(self, inputs: StepInputs) -> None:
+        check_finite(f"{type(self).__name__}: the loss", inputs.loss.f)
+        check_finite("The objective gradient g", inputs.g)
+        check_finite("The parameters x", inputs.loss.x)
+        super()._raise_nonfinite(inputs)
 
     def _compose(self, projection: Projection, projector: Projector, inputs: StepInputs,
                  record: dict[str, Tensor] | None) -> Composed:
