@@ -181,6 +181,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
         self._rank_warned = False
         self._buffers: dict[str, Tensor] = {}
         self._view_cache: dict[str, Any] = {}
+        self._exact_gram_for: tuple[tuple[int, ...], torch.dtype] | None = None
+        """(shape, dtype) of the J whose last step needed the exact Gram (see ``_exact_gram_expected``)."""
         self._check_groups()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -189,6 +191,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         self.__dict__.setdefault("_rank_warned", False)
         self.__dict__.setdefault("_buffers", {})
         self.__dict__.setdefault("_view_cache", {})
+        self.__dict__.setdefault("_exact_gram_for", None)
 
     # ------------------------------------------------------------------ hyperparameters
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -297,16 +300,19 @@ class ConstrainedOptimizer(Optimizer, ABC):
         return (self._buffer("exact_rows", (m, chunk), torch.float64, jacobian.device),
                 self._buffer("exact_vector", (chunk,), torch.float64, jacobian.device))
 
+    def _exact_gram(self, jacobian: Tensor, d: Tensor | None = None) -> Tensor:
+        """J D^2 J^T from float64 products, in the optimizer's workspace."""
+        return exact_gram(jacobian, self._exact_workspace(jacobian), d)
+
     def _exact_factor(self, jacobian: Tensor, d: Tensor | None = None) -> GramFactor:
-        G = exact_gram(jacobian, self._exact_workspace(jacobian), d)
-        return GramFactor.from_gram(G, self.param_groups[0]["rcond"], exact=True)
+        return GramFactor.from_gram(self._exact_gram(jacobian, d), self.param_groups[0]["rcond"], exact=True)
 
     def _exact_gram_expected(self, jacobian: Tensor, d: Tensor | None) -> bool:
         """Whether the last step of this J's shape and dtype needed the exact Gram (J itself, d None): J
         changes little between steps, so this one forms it at once instead of the blocked Gram first (a
         pass of m^2 n float32 products and a factorization saved; ``_projector`` clears the mark when the
         exact factor's conditioning would have let the blocked Gram do)."""
-        return d is None and self._view_cache.get("exact_gram") == (tuple(jacobian.shape), jacobian.dtype)
+        return d is None and self._exact_gram_for == (tuple(jacobian.shape), jacobian.dtype)
 
     def _factorize(self, jacobian: Tensor) -> tuple[GramFactor, Tensor]:
         """The factor of G = J J^T and whether G is finite (a NaN/inf anywhere in J shows in G; the
@@ -325,7 +331,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
                     None if v is None else torch.zeros(0, dtype=torch.float64, device=jacobian.device))
         exact = self._exact_gram_expected(jacobian, d)
         if exact:
-            G = exact_gram(jacobian, self._exact_workspace(jacobian))
+            G = self._exact_gram(jacobian)
             Jv = None if v is None else matvec(jacobian, v)  # (the blocked path's product for d = None)
         else:
             partials = scratch = None
@@ -458,7 +464,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         self._warn_if_dependent(int(read[3]), m, n, read[4])
         plan = RefinementPlan.decode((read[1], read[2]), m)  # (of the blocked Gram, at this conditioning)
         if projection.scaling is None:  # remember for the next step whether the blocked Gram suffices
-            self._view_cache["exact_gram"] = (tuple(J.shape), J.dtype) if plan.exact_gram else None
+            self._exact_gram_for = (tuple(J.shape), J.dtype) if plan.exact_gram else None
         if plan.exact_gram or factor.exact:
             if not factor.exact:
                 projection.factor = self._exact_factor(J, projection.scaling)
@@ -489,9 +495,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
                     torch.mul(w[block], float(group["lr"]) * projection.tangent_scale, out=delta[block])
             return Composed(delta, None, torch.zeros((), dtype=torch.float64, device=delta.device))
         if not uniform and rho != "full":  # each block's normal part scaled by its own lr * rho
-            tangent = self._to_x(projection, projector.project(w, torch.empty_like(w), projection.tangent_scale))
-            mixed_lr_step(projector, tangent, self._block_lrs(), self.param_groups[0]["rcond"], delta)
-            normal = self._to_x(projection, projector.normal(c, torch.empty_like(w)))
+            normal = self._mixed_lr_parts(projection, projector, w, c, delta)
             lr_rho = torch.cat([torch.full((block.stop - block.start,), float(group["lr"]) * float(rho),
                                            dtype=delta.dtype, device=delta.device)
                                 for group, block in self._group_blocks()])
@@ -504,9 +508,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
                                                projection.factor, lambda: _norm(inputs.reals), inputs.state)
         sc = scale * c
         if not uniform:  # rho = "full": the normal part unscaled, the tangential part per block
-            tangent = self._to_x(projection, projector.project(w, torch.empty_like(w), projection.tangent_scale))
-            mixed_lr_step(projector, tangent, self._block_lrs(), first["rcond"], delta)
-            delta.add_(self._to_x(projection, projector.normal(c, torch.empty_like(w))) * scale.to(delta.dtype))
+            delta.add_(self._mixed_lr_parts(projection, projector, w, c, delta) * scale.to(delta.dtype))
             return Composed(delta, scale, normal_norm)
         if direction.direction is None:
             projector.merged(w, a, sc, delta)
@@ -520,8 +522,14 @@ class ConstrainedOptimizer(Optimizer, ABC):
         self._to_x(projection, delta)
         return Composed(delta, scale, normal_norm)
 
-    def _block_lrs(self) -> list[tuple[float, slice]]:
-        return [(float(group["lr"]), block) for group, block in self._group_blocks()]
+    def _mixed_lr_parts(self, projection: Projection, projector: Projector, w: Tensor, c: Tensor, delta: Tensor
+                        ) -> Tensor:
+        """Groups with different lrs: delta = P(diag(lr) T(a P~ w)) (a = tangent_scale); returns the
+        normal direction T(-J~^+ c) for the caller to scale (per block or by s)."""
+        tangent = self._to_x(projection, projector.project(w, torch.empty_like(w), projection.tangent_scale))
+        block_lrs = [(float(group["lr"]), block) for group, block in self._group_blocks()]
+        mixed_lr_step(projector, tangent, block_lrs, self.param_groups[0]["rcond"], delta)
+        return self._to_x(projection, projector.normal(c, torch.empty_like(w)))
 
     def _correct(self, evaluate: Callable[[], Tensor], projection: Projection, projector: Projector,
                  inputs: StepInputs, delta: Tensor, record: dict[str, Tensor] | None) -> None:

@@ -109,7 +109,7 @@ def test_a_step_after_one_that_needed_the_exact_gram_forms_it_at_once(monkeypatc
         trajectory = []
         for g, c in zip(grads, cs):
             if redecide:
-                opt._view_cache.pop("exact_gram", None)
+                opt._exact_gram_for = None
             x.grad = g.clone()
             opt.step(constraints=c, jacobian=J)
             trajectory.append(x.detach().clone())
