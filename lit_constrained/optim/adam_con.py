@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_betas, check_positive
-from .constrained import ConstrainedOptimizer, ParamsT, Projection
+from .constrained import MergedStepOptimizer, ParamsT, Projection
 from .gram_factor import GramFactor
 from .hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,
@@ -27,7 +27,7 @@ from .projection import NormalDirection
 
 
 @document_projection_args
-class AdamCon(ConstrainedOptimizer):
+class AdamCon(MergedStepOptimizer):
     r"""Adam(con): Adam moments of the RAW gradient, then a KKT system with the Adam scaling as Hessian.
 
     .. math::

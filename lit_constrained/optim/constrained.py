@@ -36,7 +36,9 @@ and ``_normal_direction`` for a scaled projection Jacobian); this class owns the
 (:class:`~lit_constrained.optim.flat.FlatLayout`), the checks, the one host read (finiteness and the
 refinement plan), the composition (:mod:`~lit_constrained.optim.projection`), the post-step corrections
 (:mod:`~lit_constrained.optim.corrections`) and the diagnostics (:mod:`~lit_constrained.optim.step_diagnostics`).
-An optimizer whose step is not of the merged form overrides ``_compose`` (SQP-MoMo) and keeps the rest.
+The merged step is :class:`MergedStepOptimizer`'s ``_compose`` (SQP-HeavyBall, SQP-Adam, Adam(con)); an
+optimizer whose step is not of that form subclasses :class:`ConstrainedOptimizer` with its own ``_compose``
+(SQP-MoMo) and keeps the rest.
 
 Hyperparameters follow torch.optim's conventions: every one is in ``defaults`` and hence in each param
 group (``repr``, ``state_dict``/``load_state_dict`` and schedulers see them). ``rho``, ``rcond``,
@@ -113,8 +115,8 @@ from .step_diagnostics import record_step
 
 __all__ = [
     "ADAPTIVE_NORMAL_STEP", "DEFAULT_CONSTRAINT_TOL", "DEFAULT_LR", "DEFAULT_MAX_CORRECTIONS",
-    "DEFAULT_MAX_NORMAL_STEP", "DEFAULT_RHO", "ConstrainedOptimizer", "MaxNormalStep", "ParamsT", "Precision",
-    "Projection", "Rho", "StepInputs",
+    "DEFAULT_MAX_NORMAL_STEP", "DEFAULT_RHO", "ConstrainedOptimizer", "MaxNormalStep", "MergedStepOptimizer",
+    "ParamsT", "Precision", "Projection", "Rho", "StepInputs",
 ]
 
 
@@ -241,21 +243,9 @@ class ConstrainedOptimizer(Optimizer, ABC):
         """Factorize the projection Jacobian (``_factorize``); flag non-finite inputs. No state change
         (``state["step"]`` is still k - 1)."""
 
-    def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
-                 diagnostics: dict[str, Tensor] | None) -> Tensor:
-        """Update the state; return w (projection variables, working dtype; may be a workspace). Needed
-        by the default ``_compose``."""
-        raise NotImplementedError(f"{type(self).__name__} defines neither _tangent nor _compose.")
-
     def _to_x(self, projection: Projection, step: Tensor) -> Tensor:
         """Map a step from the projection variables to x, in place (identity by default)."""
         return step
-
-    def _normal_direction(self, projection: Projection, c: Tensor, step_scale: float | None) -> NormalDirection:
-        """||T(J~^+ c)||: free for T = identity (c^T G~^+ c). ``step_scale`` = a (all groups share one lr)
-        or None: a hook that makes a pass over J~ may form the tangential part with it
-        (:class:`~lit_constrained.optim.projection.NormalDirection`)."""
-        return NormalDirection(projection.factor.pinv_norm_sq(c).sqrt())
 
     def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
         """The factor of J J^T whose rank / smallest singular value the diagnostics report."""
@@ -475,6 +465,83 @@ class ConstrainedOptimizer(Optimizer, ABC):
                          self._exact_workspace(J) if exact else None,
                          self._vector("correction", g) if exact and scaling is None else None)
 
+    @abstractmethod
+    def _compose(self, projection: Projection, projector: Projector, inputs: StepInputs,
+                 record: dict[str, Tensor] | None) -> Composed:
+        """Update the state and form Delta x (in x) from the step's projector; :class:`MergedStepOptimizer`
+        composes the merged step from a tangential direction, SQP-MoMo its own."""
+
+    def _correct(self, evaluate: Callable[[], Tensor], projection: Projection, projector: Projector,
+                 inputs: StepInputs, delta: Tensor, record: dict[str, Tensor] | None) -> None:
+        """The post-step corrections (:func:`~lit_constrained.optim.corrections.hold_feasibility`). None
+        follows a step whose normal step the safeguard capped (far from feasibility the linearization is
+        not trusted, and an uncapped Gauss-Newton correction would take the step the cap refused).
+        Diagnostics: ``corrections`` (taken), ``step_fraction`` (tau) and ``corrected_violation`` (max |c|
+        after them; an evaluation of its own on diagnostic steps where none was made last)."""
+        state, group = inputs.state, self.param_groups[0]
+        capped = state.get("normal_step_capped")
+        taken, fraction, violation = 0, 1.0, math.nan
+        if capped is None or not bool(capped):
+            tol = float(group["constraint_tol"]) * max(float(state["initial_violation"]), 1.0)
+            result = hold_feasibility(
+                evaluate, projector, functools.partial(self._to_x, projection),
+                lambda step: inputs.layout.add_(inputs.reals, step), delta, tol, float(inputs.c.abs().max()),
+                int(group["max_corrections"]), lambda name: self._vector(name, delta),
+            )
+            taken, fraction, violation = result.taken, result.step_fraction, result.violation
+        if record is not None:
+            if math.isnan(violation):
+                violation = max_violation(evaluate, inputs.m)
+            as_tensor = functools.partial(torch.tensor, dtype=torch.float64, device=delta.device)
+            record["corrections"] = as_tensor(float(taken))
+            record["step_fraction"] = as_tensor(fraction)
+            record["corrected_violation"] = as_tensor(violation)
+
+    def _warn_if_dependent(self, rank: int, m: int, n: int, condition: float) -> None:
+        """One warning per optimizer when the imposed constraints are numerically dependent (rank < m):
+        duplicate points, or more points than the network can satisfy (m > n among them)."""
+        if rank >= m or self._rank_warned:
+            return
+        self._rank_warned = True
+        why = (f"there are more constraints than parameters (m = {m} > n = {n}): at most n can hold"
+               if m > n else "duplicate or redundant points, or more points than the network can satisfy")
+        warnings.warn(
+            f"{type(self).__name__}: the m = {m} imposed constraints have numerical rank {rank} (singular values "
+            f"of J below rcond = {self.param_groups[0]['rcond']:g} x the largest are dropped; cond(J J^T) of the "
+            f"kept part {condition:.2g}): {m - rank} are dependent on the others ({why}). The step imposes "
+            "their least-squares solution (the minimum-norm Gauss-Newton step), so not every constraint can "
+            "reach 0: impose fewer or independent points, or use a larger network. The rank is logged as "
+            # stacklevel: the caller of optimizer.step (above torch's hook wrapper and the three decorators)
+            "optim/rank.", RuntimeWarning, stacklevel=8,
+        )
+
+    def _raise_nonfinite(self, inputs: StepInputs) -> None:
+        """The failure path (syncs are fine here): name what is not finite."""
+        check_finite("The constraints c", inputs.c)
+        check_finite("The jacobian J", inputs.jacobian)
+        check_finite("The objective gradient g", inputs.g)
+        raise ValueError(
+            "The step is not finite (an overflow in the projection); the step was not taken. "
+            "Check the loss/constraints at this point (a diverging run or a bad batch)."
+        )
+
+
+class MergedStepOptimizer(ConstrainedOptimizer):
+    r"""A :class:`ConstrainedOptimizer` whose step is the merged one,
+    :math:`\Delta x = T(a \tilde P w - s \tilde J^+ c)`: a subclass supplies its tangential direction w
+    (``_tangent``), and for a scaled projection Jacobian ``_to_x`` and ``_normal_direction``."""
+
+    @abstractmethod
+    def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
+                 diagnostics: dict[str, Tensor] | None) -> Tensor:
+        """Update the state; return w (projection variables, working dtype; may be a workspace)."""
+
+    def _normal_direction(self, projection: Projection, c: Tensor, step_scale: float | None) -> NormalDirection:
+        """||T(J~^+ c)||: free for T = identity (c^T G~^+ c). ``step_scale`` = a (all groups share one lr)
+        or None: a hook that makes a pass over J~ may form the tangential part with it
+        (:class:`~lit_constrained.optim.projection.NormalDirection`)."""
+        return NormalDirection(projection.factor.pinv_norm_sq(c).sqrt())
+
     def _compose(self, projection: Projection, projector: Projector, inputs: StepInputs,
                  record: dict[str, Tensor] | None) -> Composed:
         """Delta x = T(a P~ w - s J~^+ c) (:mod:`~lit_constrained.optim.projection`) with the safeguarded
@@ -530,60 +597,6 @@ class ConstrainedOptimizer(Optimizer, ABC):
         block_lrs = [(float(group["lr"]), block) for group, block in self._group_blocks()]
         mixed_lr_step(projector, tangent, block_lrs, self.param_groups[0]["rcond"], delta)
         return self._to_x(projection, projector.normal(c, torch.empty_like(w)))
-
-    def _correct(self, evaluate: Callable[[], Tensor], projection: Projection, projector: Projector,
-                 inputs: StepInputs, delta: Tensor, record: dict[str, Tensor] | None) -> None:
-        """The post-step corrections (:func:`~lit_constrained.optim.corrections.hold_feasibility`). None
-        follows a step whose normal step the safeguard capped (far from feasibility the linearization is
-        not trusted, and an uncapped Gauss-Newton correction would take the step the cap refused).
-        Diagnostics: ``corrections`` (taken), ``step_fraction`` (tau) and ``corrected_violation`` (max |c|
-        after them; an evaluation of its own on diagnostic steps where none was made last)."""
-        state, group = inputs.state, self.param_groups[0]
-        capped = state.get("normal_step_capped")
-        taken, fraction, violation = 0, 1.0, math.nan
-        if capped is None or not bool(capped):
-            tol = float(group["constraint_tol"]) * max(float(state["initial_violation"]), 1.0)
-            result = hold_feasibility(
-                evaluate, projector, functools.partial(self._to_x, projection),
-                lambda step: inputs.layout.add_(inputs.reals, step), delta, tol, float(inputs.c.abs().max()),
-                int(group["max_corrections"]), lambda name: self._vector(name, delta),
-            )
-            taken, fraction, violation = result.taken, result.step_fraction, result.violation
-        if record is not None:
-            if math.isnan(violation):
-                violation = max_violation(evaluate, inputs.m)
-            as_tensor = functools.partial(torch.tensor, dtype=torch.float64, device=delta.device)
-            record["corrections"] = as_tensor(float(taken))
-            record["step_fraction"] = as_tensor(fraction)
-            record["corrected_violation"] = as_tensor(violation)
-
-    def _warn_if_dependent(self, rank: int, m: int, n: int, condition: float) -> None:
-        """One warning per optimizer when the imposed constraints are numerically dependent (rank < m):
-        duplicate points, or more points than the network can satisfy (m > n among them)."""
-        if rank >= m or self._rank_warned:
-            return
-        self._rank_warned = True
-        why = (f"there are more constraints than parameters (m = {m} > n = {n}): at most n can hold"
-               if m > n else "duplicate or redundant points, or more points than the network can satisfy")
-        warnings.warn(
-            f"{type(self).__name__}: the m = {m} imposed constraints have numerical rank {rank} (singular values "
-            f"of J below rcond = {self.param_groups[0]['rcond']:g} x the largest are dropped; cond(J J^T) of the "
-            f"kept part {condition:.2g}): {m - rank} are dependent on the others ({why}). The step imposes "
-            "their least-squares solution (the minimum-norm Gauss-Newton step), so not every constraint can "
-            "reach 0: impose fewer or independent points, or use a larger network. The rank is logged as "
-            # stacklevel: the caller of optimizer.step (above torch's hook wrapper and the three decorators)
-            "optim/rank.", RuntimeWarning, stacklevel=8,
-        )
-
-    def _raise_nonfinite(self, inputs: StepInputs) -> None:
-        """The failure path (syncs are fine here): name what is not finite."""
-        check_finite("The constraints c", inputs.c)
-        check_finite("The jacobian J", inputs.jacobian)
-        check_finite("The objective gradient g", inputs.g)
-        raise ValueError(
-            "The step is not finite (an overflow in the projection); the step was not taken. "
-            "Check the loss/constraints at this point (a diverging run or a bad batch)."
-        )
 
 
 def _norm(tensors: list[Tensor]) -> Tensor:

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_beta, check_betas, check_positive
-from .constrained import ConstrainedOptimizer, ParamsT, Projection
+from .constrained import ConstrainedOptimizer, MergedStepOptimizer, ParamsT, Projection
 from .hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,
     DEFAULT_LR,
@@ -25,7 +25,7 @@ from .hyperparameters import (
 
 
 @document_projection_args
-class SQPHeavyBall(ConstrainedOptimizer):
+class SQPHeavyBall(MergedStepOptimizer):
     r"""SQP-HeavyBall(con): the projected stochastic heavy-ball SQP method (Algorithm 2).
 
     At the current point, with c the constraints, J their Jacobian, g the stochastic objective
@@ -113,7 +113,7 @@ class SQPHeavyBall(ConstrainedOptimizer):
 
 
 @document_projection_args
-class SQPAdam(ConstrainedOptimizer):
+class SQPAdam(MergedStepOptimizer):
     r"""SQP-Adam(con): the projected stochastic Adam SQP method (Algorithm 3).
 
     The moments are of the PROJECTED gradients, with the bias correction of Défossez et al.:

@@ -117,3 +117,25 @@ def test_a_step_after_one_that_needed_the_exact_gram_forms_it_at_once(monkeypatc
     (sticky, sticky_calls), (fresh, fresh_calls) = runs
     assert sticky_calls == 1 and fresh_calls == 4
     assert all(torch.equal(a, b) for a, b in zip(sticky, fresh))
+
+
+def test_an_optimizer_must_give_a_composition_or_a_tangential_direction():
+    """The kernel's contract is abstract methods, not a runtime stub: a ConstrainedOptimizer without
+    ``_compose`` and a MergedStepOptimizer without ``_tangent`` cannot be created."""
+    from lit_constrained.optim.constrained import ConstrainedOptimizer, MergedStepOptimizer
+
+    class NoComposition(ConstrainedOptimizer):
+        def _init_state(self, n, device, dtype):
+            return {"step": 0}
+
+        def _prepare(self, g, jacobian, c, state):
+            raise AssertionError("not reached")
+
+    class NoDirection(MergedStepOptimizer):
+        _init_state = NoComposition._init_state
+        _prepare = NoComposition._prepare
+
+    x = torch.nn.Parameter(torch.zeros(2))
+    for cls, missing in ((NoComposition, "_compose"), (NoDirection, "_tangent")):
+        with pytest.raises(TypeError, match=missing):
+            cls([x], {})
