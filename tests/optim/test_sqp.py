@@ -323,14 +323,10 @@ def svd_jacobian(m: int, n: int, cond: float, seed: int = 0) -> torch.Tensor:
 ACCURACY = {SQPHeavyBall: (1e-6, 1e-4), SQPAdam: (1e-6, 1e-4), AdamCon: (2e-6, 2e-4)}
 
 
-@pytest.mark.parametrize("opt_cls", [SQPHeavyBall, SQPAdam, AdamCon])
-@pytest.mark.parametrize("cond", [1e2, 1e3, 1e5])
-@pytest.mark.parametrize("seed", [0, 5])
-def test_float32_step_restores_the_linearized_constraints(opt_cls, cond, seed):
-    """||J d + rho c|| / (rho ||c||) for float32 parameters, J from an SVD at n = 1e5, m = 10 (at cond(J) =
-    1e2 the refinement residual is the blocked float32 one, at 1e3 and 1e5 the float64-product one);
-    seed 5: the instance where the refinement stalled at 4e-6 (cond(J) = 1e3) and 2.5e-4 (1e5) while it
-    accumulated its corrections into the step (see nullspace.refine_)."""
+def float32_linearized_feasibility_error(opt_cls: type, cond: float, seed: int,
+                                         ) -> tuple[float, torch.nn.Parameter, torch.optim.Optimizer]:
+    """One float32 step (lr 0.1, rho 1) at n = 1e5, m = 10, J from an SVD: ||J d + c|| / ||c|| with
+    d = (x_1 - x_0) / lr, against float64 products; and the parameter and optimizer."""
     n = 100_000
     J = svd_jacobian(10, n, cond, seed)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -340,7 +336,18 @@ def test_float32_step_restores_the_linearized_constraints(opt_cls, cond, seed):
     x.grad = g
     opt.step(constraints=c, jacobian=J)
     d = x.detach().double() / 0.1
-    error = ((J.double() @ d + c.double()).norm() / c.double().norm()).item()
+    return ((J.double() @ d + c.double()).norm() / c.double().norm()).item(), x, opt
+
+
+@pytest.mark.parametrize("opt_cls", [SQPHeavyBall, SQPAdam, AdamCon])
+@pytest.mark.parametrize("cond", [1e2, 1e3, 1e5])
+@pytest.mark.parametrize("seed", [0, 5])
+def test_float32_step_restores_the_linearized_constraints(opt_cls, cond, seed):
+    """||J d + rho c|| / (rho ||c||) for float32 parameters, J from an SVD at n = 1e5, m = 10 (at cond(J) =
+    1e2 the refinement residual is the blocked float32 one, at 1e3 and 1e5 the float64-product one);
+    seed 5: the instance where the refinement stalled at 4e-6 (cond(J) = 1e3) and 2.5e-4 (1e5) while it
+    accumulated its corrections into the step (see nullspace.refine_)."""
+    error, x, opt = float32_linearized_feasibility_error(opt_cls, cond, seed)
     assert error <= ACCURACY[opt_cls][cond > 1e3], error
     assert x.dtype == torch.float32 and all(t.dtype == torch.float32 for t in opt.state["flat"].values()
                                                  if isinstance(t, torch.Tensor) and t.dim() == 1)
