@@ -406,10 +406,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
         layout = FlatLayout.cached(self._view_cache, params)
         dtype = layout.working_dtype(self.param_groups[0]["precision"])
         device, n = params[0].device, layout.n
-        try:
-            g = layout.gather([p.grad for p in params], self._buffer("grad", (n,), dtype, device), "grad")
-        except ValueError as error:  # sparse gradients
-            raise ValueError(f"{type(self).__name__} does not support sparse gradients.") from error
+        g = layout.gather([p.grad for p in params], self._buffer("grad", (n,), dtype, device), "grad",
+                          type(self).__name__)
         c, J = prepared_constraint_inputs(
             type(self).__name__, constraints, jacobian, n, dtype, device,
             lambda m: self._buffer("jacobian", (m, n), dtype, device),

@@ -109,16 +109,17 @@ class FlatLayout:
             cached = self._views[name] = (flat.data_ptr(), flat.dtype, views)
         return cached[2]
 
-    def gather(self, tensors: Sequence[Tensor | None], out: Tensor, name: str = "gather") -> Tensor:
+    def gather(self, tensors: Sequence[Tensor | None], out: Tensor, name: str = "gather",
+               owner: str = "The flat layout") -> Tensor:
         """``tensors`` (shaped like the parameters, e.g. their gradients; None: zeros) copied into the
-        flat vector ``out`` (one foreach copy). Sparse tensors are refused."""
+        flat vector ``out`` (one foreach copy). Sparse tensors are refused (the error names ``owner``)."""
         views = self.views(name, out)
         targets, sources = [], []
         for t, view in zip(tensors, views, strict=True):
             if t is None:
                 view.zero_()
             elif t.is_sparse:
-                raise ValueError("Sparse gradients are not supported by the flat layout (use dense gradients).")
+                raise ValueError(f"{owner} does not support sparse gradients (use dense gradients).")
             else:
                 targets.append(view)
                 sources.append(real_view(t.detach()))

@@ -139,3 +139,12 @@ def test_an_optimizer_must_give_a_composition_or_a_tangential_direction():
     for cls, missing in ((NoComposition, "_compose"), (NoDirection, "_tangent")):
         with pytest.raises(TypeError, match=missing):
             cls([x], {})
+
+
+def test_a_sparse_gradient_is_refused_by_name_before_anything_changes():
+    x = torch.nn.Parameter(torch.zeros(3))
+    x.grad = torch.zeros(3).to_sparse()
+    opt = SQPAdam([x])
+    with pytest.raises(ValueError, match="SQPAdam does not support sparse gradients"):
+        opt.step(constraints=torch.ones(1), jacobian=torch.ones(1, 3))
+    assert torch.equal(x.detach(), torch.zeros(3)) and not opt.state
