@@ -43,6 +43,12 @@ def add_hint(error: BaseException, hint: str) -> BaseException:
     return error
 
 
+def is_second_backward(error: BaseException) -> bool:
+    """Whether ``error`` is torch's "backward through the graph a second time" without
+    :data:`DERIVATIVE_FIX` attached yet."""
+    return SECOND_BACKWARD in str(error) and DERIVATIVE_FIX not in getattr(error, "__notes__", ())
+
+
 def describe_batch(batch: Any, depth: int = 0) -> str:
     """What a batch is, in words: ``"a tuple of 2: Tensor (64, 1) float32, Tensor (64, 1) float32"``,
     ``"a dict with keys 'x' (Tensor (51, 2) float32), 'u' (...)"``, ``"Tensor (51, 1) float32"``."""

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..batch import clone_tensors
-from ..hints import DERIVATIVE_FIX, SECOND_BACKWARD, add_hint, evaluation_hook_hint
+from ..hints import DERIVATIVE_FIX, add_hint, evaluation_hook_hint, is_second_backward
 from ..metrics.functional import violation_max
 from ..optim.checks import check_constraints, check_objective
 from .step_logging import part_violations
@@ -63,7 +63,7 @@ def _call_hook(task: Any, hook: str, batch: Any, stage: str) -> Any:
     try:
         return getattr(task, hook)(batch, stage) if hook == "evaluation_metrics" else getattr(task, hook)(batch)
     except Exception as error:
-        if SECOND_BACKWARD in str(error):
+        if is_second_backward(error):
             raise add_hint(error, DERIVATIVE_FIX)
         train_batch = getattr(getattr(task, "stepper", None), "batch_description", None)
         raise add_hint(error, evaluation_hook_hint(type(task).__name__, hook, stage, batch, train_batch))

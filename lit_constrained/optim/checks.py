@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_constrained.hints import DERIVATIVE_FIX, SECOND_BACKWARD  # noqa: F401  (the fix's one wording; pure Python)
+from lit_constrained.hints import DERIVATIVE_FIX  # (the fix's one wording; pure Python)
 
 
 def check_lr(lr: float | None, allow_none: bool = False) -> None:
