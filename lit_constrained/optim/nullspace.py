@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import native
+from . import host_gram, native
 from .gram_factor import EIGH_MAX_SIZE, GramFactor
 from .hyperparameters import DEFAULT_RCOND
 
@@ -247,7 +247,10 @@ def _accumulated_gram(J: Tensor, d: Tensor | None, block: int, blocks: int, work
         columns = J[:, start:stop] if d is None else scaled(start, stop)
         for offset in range(0, stop - start, block):
             piece = columns[:, offset:offset + block]
-            G.add_(torch.mm(piece, piece.T, out=product))
+            if J.device.type == "cpu":  # SciPy's BLAS, as the factor of this m (host_gram's docstring: why)
+                host_gram.add_block_product_(G, piece, product)
+            else:
+                G.add_(torch.mm(piece, piece.T, out=product))
     return G
 
 
@@ -271,23 +274,43 @@ def exact_gram(J: Tensor, workspace: tuple[Tensor, Tensor] | None = None, d: Ten
                      torch.empty(chunk, dtype=torch.float64, device=J.device))
     rows, vector = workspace
     chunk = rows.shape[1]
-    G = torch.zeros(m, m, dtype=torch.float64, device=J.device)
-    bands = _row_bands(m)
+    if J.device.type == "cpu" and m > EIGH_MAX_SIZE:  # SciPy's dsyrk, as the factor of this m (host_gram)
+        accumulator: host_gram.SymmetricAccumulator | BandAccumulator = host_gram.SymmetricAccumulator(m)
+    else:
+        accumulator = BandAccumulator(m, J.device)
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
         block = rows[:, : stop - start]
         block.copy_(J[:, start:stop])
         if d is not None:
             block.mul_(vector[: stop - start].copy_(d[start:stop]))
-        if len(bands) == 1:
-            G.addmm_(block, block.T)
-            continue
-        for i, (top, bottom) in enumerate(bands):  # the blocks on and below the diagonal only
-            for left, right in bands[: i + 1]:
-                G[top:bottom, left:right].addmm_(block[top:bottom], block[left:right].T)
-    if len(bands) == 1:
-        return 0.5 * (G + G.T)
-    return G.tril() + G.tril(-1).T
+        accumulator.add_(block)
+    return accumulator.result()
+
+
+class BandAccumulator:
+    """:math:`C = \\sum_k B_k B_k^T` in float64 by torch (any device), for float64 chunks :math:`B_k` (m x k):
+    for m >= 256 only the products of the band blocks on and below the diagonal (``_row_bands``), the
+    upper triangle mirrored."""
+
+    def __init__(self, m: int, device: torch.device) -> None:
+        self._sum = torch.zeros(m, m, dtype=torch.float64, device=device)
+        self._bands = _row_bands(m)
+
+    def add_(self, chunk: Tensor) -> None:
+        if len(self._bands) == 1:
+            self._sum.addmm_(chunk, chunk.T)
+            return
+        for i, (top, bottom) in enumerate(self._bands):  # the blocks on and below the diagonal only
+            for left, right in self._bands[: i + 1]:
+                self._sum[top:bottom, left:right].addmm_(chunk[top:bottom], chunk[left:right].T)
+
+    def result(self) -> Tensor:
+        """C (float64, symmetric)."""
+        G = self._sum
+        if len(self._bands) == 1:
+            return 0.5 * (G + G.T)
+        return G.tril() + G.tril(-1).T
 
 
 EXACT_GRAM_BAND_ROWS = 128
@@ -339,7 +362,8 @@ def matvec(J: Tensor, v: Tensor, scaling: Scaling | None = None) -> Tensor:
 
 def exact_matvec(J: Tensor, v: Tensor, workspace: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """J v from float64 products and sums (exact to float64 round-off for float32 J and v), converting
-    chunks of ``chunk_columns(m)`` columns into ``workspace`` = (float64 (m, chunk), float64 (chunk,));
+    chunks of ``chunk_columns(m)`` columns into ``workspace`` = (float64 (m, chunk), float64 (chunk,)), or
+    for a large m whole rows into the same storage (:func:`_exact_rows`);
     one pass without a conversion under the native kernels (:mod:`~lit_constrained.optim.native`)."""
     if J.dtype == torch.float64 and v.dtype == torch.float64:
         return J @ v
@@ -351,6 +375,15 @@ def exact_matvec(J: Tensor, v: Tensor, workspace: tuple[Tensor, Tensor] | None =
         workspace = (torch.empty(m, chunk, dtype=torch.float64, device=J.device),
                      torch.empty(chunk, dtype=torch.float64, device=J.device))
     J64, v64 = workspace
+    rows = _exact_rows(m, n, J64.numel())
+    if rows:  # whole rows converted at a time: a contiguous copy (column chunks: 2x the time at m = 1 000)
+        v_full = v.to(torch.float64)
+        block = J64.view(-1)[: rows * n].view(rows, n)
+        out = torch.empty(m, dtype=torch.float64, device=J.device)
+        for start in range(0, m, rows):
+            stop = min(start + rows, m)
+            torch.mv(block[: stop - start].copy_(J[start:stop]), v_full, out=out[start:stop])
+        return out
     chunk = J64.shape[1]
     out = torch.zeros(m, dtype=torch.float64, device=J.device)
     for start in range(0, n, chunk):
@@ -360,6 +393,14 @@ def exact_matvec(J: Tensor, v: Tensor, workspace: tuple[Tensor, Tensor] | None =
         b.copy_(v[start:stop])
         out.addmv_(a, b)
     return out
+
+
+def _exact_rows(m: int, n: int, capacity: int) -> int:
+    """Rows of J that :func:`exact_matvec` converts at a time for m > ``EIGH_MAX_SIZE`` (``CHUNK_ELEMENTS`` /
+    n, at least one, when they fit the workspace's ``capacity`` float64 entries); 0: column chunks (smaller
+    m, where the conversion of a few long rows is no faster: docs/optim_measurements.md, large m)."""
+    rows = max(1, CHUNK_ELEMENTS // max(n, 1))
+    return rows if m > EIGH_MAX_SIZE and rows * n <= capacity else 0
 
 
 def blocked_matvec(J: Tensor, v: Tensor, block: int = RESIDUAL_BLOCK) -> Tensor:

@@ -1,10 +1,11 @@
 """The null-space algebra (nullspace.py) against dense float64 references (torch.linalg in float64;
-no NumPy)."""
+NumPy only where a test needs the block products of the CPU path's BLAS)."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,10 +154,13 @@ def test_refinement_plan_follows_the_error_models(dtype, n):
             assert plan.exact_residual == bool(exact_residual_needed(factor, n, dtype))
 
 
-def test_exact_gram_and_exact_matvec_are_float64_accurate_for_float32_data():
+@pytest.mark.parametrize("m,n", [(5, 50_000), (200, 3_000)])
+def test_exact_gram_and_exact_matvec_are_float64_accurate_for_float32_data(m, n):
+    """Small m (column chunks, torch's products) and m > EIGH_MAX_SIZE (SciPy's dsyrk, whole rows
+    converted for J v; the row chunks hold fewer rows than m)."""
     gen = torch.Generator().manual_seed(1)
-    J = torch.randn(5, 50_000, generator=gen)
-    v = torch.randn(50_000, generator=gen)
+    J = torch.randn(m, n, generator=gen)
+    v = torch.randn(n, generator=gen)
     J64, v64 = J.to(F64), v.to(F64)
     G = J64 @ J64.T
     assert (exact_gram(J) - G).norm() / G.norm() < 1e-14
@@ -348,7 +352,9 @@ def test_a_large_gram_is_accumulated_block_by_block_with_the_same_products(scale
     A = J * d if scaled else J
     block = gram_block(m)
     blocks = n // block
-    stacked = torch.stack([A[:, i * block:(i + 1) * block] @ A[:, i * block:(i + 1) * block].T for i in range(blocks)])
+    # each block's float32 product by the BLAS that the CPU Gram of this m uses (SciPy's: optim/host_gram.py)
+    pieces = [A[:, i * block:(i + 1) * block].numpy() for i in range(blocks)]
+    stacked = torch.stack([torch.from_numpy(np.matmul(piece, piece.T)) for piece in pieces])
     expected = _symmetrized_sum(stacked.sum(0, dtype=F64), A[:, blocks * block:] @ A[:, blocks * block:].T)
     G = scaled_gram(J, d)[0] if scaled else gram(J)
     assert torch.equal(G, expected)
@@ -358,9 +364,9 @@ def test_a_large_gram_is_accumulated_block_by_block_with_the_same_products(scale
 
 @pytest.mark.parametrize("scaled", [False, True])
 def test_the_exact_gram_of_many_rows_from_its_lower_triangle(scaled):
-    """m >= 256: exact_gram takes the float64 products of the band blocks on and below the diagonal only and
-    mirrors them: exactly symmetric and equal to the float64 Gram to float64 round-off."""
-    from lit_constrained.optim.nullspace import _row_bands
+    """m >= 256: exact_gram takes the float64 products of the lower triangle only (SciPy's dsyrk on the CPU; on
+    another device the band blocks on and below the diagonal) and mirrors them: exactly symmetric and equal to the float64 Gram to float64 round-off."""
+    from lit_constrained.optim.nullspace import BandAccumulator, _row_bands
 
     gen = torch.Generator().manual_seed(6)
     m, n = 300, 3000
@@ -368,7 +374,10 @@ def test_the_exact_gram_of_many_rows_from_its_lower_triangle(scaled):
     J = torch.randn(m, n, generator=gen)
     d = torch.rand(n, generator=gen) + 0.5 if scaled else None
     A = J.to(F64) if d is None else J.to(F64) * d.to(F64)
-    G = exact_gram(J, d=d)
-    assert torch.equal(G, G.T)
     reference = A @ A.T
-    assert float((G - reference).abs().max()) <= 1e-13 * float(reference.abs().max())
+    bands = BandAccumulator(m, J.device)  # the torch path (a GPU's), against the CPU's dsyrk one
+    for start in range(0, n, 1000):
+        bands.add_(A[:, start:start + 1000].contiguous())
+    for G in (exact_gram(J, d=d), bands.result()):
+        assert torch.equal(G, G.T)
+        assert float((G - reference).abs().max()) <= 1e-13 * float(reference.abs().max())
