@@ -14,18 +14,20 @@ cutoff of :class:`~lit_constrained.optim.nullspace.GramFactor` keeps :math:`\lam
 \lambda_{\max}`), the kept factor is the numerical range of J, and
 
 * full rank (r = m): :math:`G^{-1} b = \Pi L^{-T} L^{-1} \Pi^T b` (two triangular solves);
-* rank r < m: with the thin QR factorization :math:`L = Q R` (Q: m x r orthonormal, R: r x r),
-  :math:`(L L^T)^+ = Q (R R^T)^{-1} Q^T`, so
+* rank r < m: with the eigendecomposition :math:`L^T L = V \Lambda V^T` (r x r), the k singular values of L
+  above the cutoff kept (:math:`\lambda_i > \mathrm{rcond}^2 \lambda_1`) and the thin QR factorization
+  :math:`L V_k = Q R` (Q: m x k orthonormal, R: k x k), :math:`(L V_k V_k^T L^T)^+ = Q (R R^T)^{-1} Q^T`, so
 
 .. math::
     G^+ b = \Pi Q R^{-T} R^{-1} Q^T \Pi^T b, \qquad U_r U_r^T b = \Pi Q Q^T \Pi^T b, \qquad
     b^T G^+ b = \|R^{-1} Q^T \Pi^T b\|^2
 
 (the minimum-norm least-squares solution of the normal equations, as the eigendecomposition gives; the
-QR costs :math:`2 m r^2`, and working with R rather than :math:`L^T L` does not square its condition).
+products and the QR cost :math:`O(m r^2)`, the eigendecomposition :math:`O(r^3)`; the condition of the
+kept part is then exact, :math:`\lambda_1 / \lambda_k`).
 
-The condition number :math:`\kappa(G_r) = \lambda_{\max} / \lambda_{\min}` of the kept part is estimated
-by power iterations on G and on :math:`G^+` (``POWER_ITERATIONS`` each, O(m^2) per iteration): within a
+At full rank the condition number :math:`\kappa(G) = \lambda_{\max} / \lambda_{\min}` is estimated
+by power iterations on G and on :math:`G^{-1}` (``POWER_ITERATIONS`` each, O(m^2) per iteration): within a
 small factor of the value that the refinement plan of :mod:`~lit_constrained.optim.nullspace` thresholds
 (its thresholds are orders of magnitude apart). LAPACK's 1-norm estimator ``dtrcon`` on the triangular
 factor was tried first: squared, it overestimated cond(G) by ~m (1 900 against 5 at m = 300).
@@ -52,7 +54,7 @@ class HostCholesky:
     Attributes:
         order: the permutation :math:`\\Pi` as indices (0-based): ``G[order][:, order] = L L^T + S``.
         lower: L (m x r) when the rank is full (r = m), else None.
-        q, r_factor: the thin QR factors of L when r < m (else None).
+        q, r_factor: the thin QR factors of L V_k when r < m (see the module docstring; else None).
         rank: r.
         condition: the estimate of :math:`\\kappa(G_r)` (1.0 when r = 0).
         largest: the estimate of :math:`\\lambda_{\\max}(G)` (0.0 for G = 0).
@@ -80,32 +82,37 @@ class HostCholesky:
         order = pivots - 1
         rank = int(rank)
         columns = np.tril(factor[:, :rank])
-        if rank == m:
-            lower, q, r_factor = columns, None, None
-        else:
-            lower = None
-            q, r_factor = qr(columns, mode="economic", check_finite=False)
-        chol = cls(order, lower, q, r_factor, rank, 1.0, 0.0)
+        chol = cls(order, columns, None, None, rank, 1.0, 0.0)
+        if rank < m:  # rank-deficient: the kept part from L's right singular vectors (exact condition)
+            chol._keep_above_cutoff(columns, rcond)
+            return chol
         chol.largest = _power_iteration(lambda x: G @ x, _start(G.diagonal()))
         inverse_largest = _power_iteration(chol.solve, _start(np.ones(m)))
         chol.condition = chol.largest * inverse_largest if inverse_largest > 0.0 else math.inf
-        if chol.condition * rcond**2 > 1.0:  # the pivots' cutoff left singular values below the cutoff
-            chol._truncate(columns, rcond)
+        if chol.condition * rcond**2 > 1.0:  # full rank by the pivots, yet singular values below the cutoff
+            chol._keep_above_cutoff(columns, rcond)
         return chol
 
-    def _truncate(self, columns: np.ndarray, rcond: float) -> None:
-        r"""Enforce the cutoff exactly: the pivots' tolerance bounds the Schur complement, not the kept
-        part's conditioning (chemistry at m = 1 000: rank 439 kept with cond ~1e16). With the thin SVD
-        :math:`L = U \Sigma V^T` (O(m r^2), only on this path), :math:`L L^T = U \Sigma^2 U^T`: keep
-        :math:`\sigma_i > \mathrm{rcond}\,\sigma_1` and store Q = U_k, R = diag(:math:`\sigma_k`), so that
-        the rank-deficient formulas hold with exact eigenvalues (the condition and the largest eigenvalue
-        then exact too)."""
-        U, sigma, _ = np.linalg.svd(columns, full_matrices=False)
-        keep = sigma > rcond * sigma[0]
-        self.lower, self.q, self.r_factor = None, U[:, keep], np.diag(sigma[keep])
+    def _keep_above_cutoff(self, columns: np.ndarray, rcond: float) -> None:
+        r"""The rank-deficient factor with the cutoff enforced exactly: the pivots' tolerance bounds the
+        Schur complement, not the kept part's conditioning (chemistry at m = 1 000: rank 439 kept with cond
+        ~1e16). With the eigendecomposition :math:`L^T L = V \Lambda V^T` (r x r: O(m r^2 + r^3)), the
+        singular values of L are :math:`\sqrt{\lambda_i}`: keep :math:`\lambda_i > \mathrm{rcond}^2
+        \lambda_1` and store the thin QR factors of :math:`L V_k = Q R`, so that :math:`L V_k (L V_k)^T` is
+        the kept part of :math:`L L^T` and the rank-deficient formulas hold, with the exact condition and
+        largest eigenvalue. (:math:`L^T L` has the conditioning of G itself, which the eigh factor of a small
+        Gram works with too; a thin SVD of L costs 2-3x as much at m = 1 000.)"""
+        eigenvalues, vectors = np.linalg.eigh(columns.T @ columns)  # ascending
+        largest = float(eigenvalues[-1]) if eigenvalues.size else 0.0
+        keep = eigenvalues > (rcond**2) * largest
         self.rank = int(np.count_nonzero(keep))
-        self.largest = float(sigma[0] ** 2)
-        self.condition = float((sigma[0] / sigma[keep][-1]) ** 2)
+        if not self.rank:  # (a G of zeros is caught before; kept for a fully cancelled L)
+            self.lower, self.q, self.r_factor, self.largest, self.condition = None, None, None, 0.0, 1.0
+            return
+        self.lower = None
+        self.q, self.r_factor = qr(columns @ vectors[:, keep], mode="economic", check_finite=False)
+        self.largest = largest
+        self.condition = largest / float(eigenvalues[keep][0])
 
     # --------------------------------------------------------------- the three products the step needs
     def _inner(self, b: np.ndarray) -> np.ndarray:
