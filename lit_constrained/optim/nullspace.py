@@ -247,7 +247,7 @@ def _accumulated_gram(J: Tensor, d: Tensor | None, block: int, blocks: int, work
         columns = J[:, start:stop] if d is None else scaled(start, stop)
         for offset in range(0, stop - start, block):
             piece = columns[:, offset:offset + block]
-            if J.device.type == "cpu":  # SciPy's BLAS, as the factor of this m (host_gram's docstring: why)
+            if J.device.type == "cpu" and J.dtype == torch.float32:  # SciPy's BLAS, as the factor (host_gram: why)
                 host_gram.add_block_product_(G, piece, product)
             else:
                 G.add_(torch.mm(piece, piece.T, out=product))

@@ -381,3 +381,19 @@ def test_the_exact_gram_of_many_rows_from_its_lower_triangle(scaled):
     for G in (exact_gram(J, d=d), bands.result()):
         assert torch.equal(G, G.T)
         assert float((G - reference).abs().max()) <= 1e-13 * float(reference.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_large_gram_of_half_precision_rows_stays_on_torch(dtype):
+    """m > EIGH_MAX_SIZE with a 16-bit J (NumPy has no bfloat16): torch's block products, within the
+    16-bit rounding of the float64 Gram of the same entries."""
+    from lit_constrained.optim.gram_factor import EIGH_MAX_SIZE
+    from lit_constrained.optim.nullspace import gram_block
+
+    gen = torch.Generator().manual_seed(8)
+    m = EIGH_MAX_SIZE + 16
+    J = torch.randn(m, 2 * gram_block(m) + 5, generator=gen).to(dtype)
+    reference = J.to(F64) @ J.to(F64).T
+    G = gram(J)
+    assert G.dtype == F64
+    assert float((G - reference).abs().max()) <= 50 * torch.finfo(dtype).eps * float(reference.abs().max())
