@@ -21,7 +21,8 @@ from torch import Tensor
 
 def add_block_product_(G: Tensor, piece: Tensor, product: Tensor) -> Tensor:
     """G += piece piece^T: the product in piece's dtype (into ``product``, m x m in that dtype), added to the
-    float64 G. CPU tensors; ``piece`` may be a strided view of J's columns (its rows' stride is J's)."""
+    float64 G. CPU float32 tensors (NumPy has no bfloat16: 16-bit J keeps torch's products); ``piece`` may be
+    a strided view of J's columns (its rows' stride is J's)."""
     columns = piece.numpy()
     np.matmul(columns, columns.T, out=product.numpy())
     return G.add_(product)
