@@ -43,8 +43,8 @@ rounding floor of the residual is reached: more corrections would only cost forw
 
 @dataclass
 class Corrected:
-    """The outcome: corrections ``taken``, the ``step_fraction`` tau kept, and the last evaluated max |c|
-    (``violation``; NaN where the last change was not evaluated after)."""
+    """The outcome: corrections ``taken``, the ``step_fraction`` tau kept, and the max |c| evaluated after the
+    last change (``violation``; NaN where c was)."""
 
     taken: int = 0
     step_fraction: float = 1.0
@@ -82,7 +82,6 @@ def hold_feasibility(
 
     ``to_x`` maps a correction from the projection variables to x in place, ``apply`` adds an x-vector to
     the parameters, ``buffers(name)`` returns a persistent n-vector of J's dtype."""
-    m = projector.jacobian.shape[0]
     result = Corrected()
     accept_below = max(BACKTRACK_ABOVE_TOL * tol, BACKTRACK_GROWTH * violation_before)
     applied = buffers("corrections_applied").zero_()
@@ -90,17 +89,12 @@ def hold_feasibility(
         taken, result.violation = _corrections(evaluate, projector, to_x, apply, tol, max_corrections,
                                                applied, buffers("correction_step"))
         result.taken += taken
-        if backtrack == MAX_BACKTRACKS:
-            break
-        if math.isnan(result.violation):
-            result.violation = max_violation(evaluate, m)
-        if result.violation <= accept_below:
+        if backtrack == MAX_BACKTRACKS or result.violation <= accept_below:
             break
         # back to x_k + (tau / 2) Delta_k: remove the corrections and half of what is left of the step
         apply(applied.add_(delta, alpha=result.step_fraction / 2).neg_())
         applied.zero_()
         result.step_fraction /= 2
-        result.violation = math.nan
     return result
 
 
@@ -109,20 +103,20 @@ def _corrections(
     apply: Callable[[Tensor], None], tol: float, max_corrections: int, applied: Tensor, correction: Tensor,
 ) -> tuple[int, float]:
     """The correction loop (each correction also added to ``applied``): the number taken and the last
-    evaluated max |c| (NaN when the last correction was not evaluated after)."""
+    evaluated max |c|. Every correction is evaluated after, the last one allowed too, so that one which made
+    max |c| worse is undone wherever it falls."""
     m = projector.jacobian.shape[0]
-    taken, previous, violation = 0, math.inf, math.nan
-    for _ in range(max_corrections):
+    taken, previous = 0, math.inf
+    while True:
         c = evaluated_constraints(evaluate, m)
         violation = float(c.abs().max())
         if taken and not violation <= previous:  # the last correction made it worse (or NaN): undo it
             apply(correction.neg_())
             applied.add_(correction)
             return taken - 1, previous
-        if not violation > tol or violation > CORRECTION_STALL * previous:
+        if taken == max_corrections or not violation > tol or violation > CORRECTION_STALL * previous:
             return taken, violation
         projector.normal(c.to(torch.float64), correction)
         apply(to_x(correction))
         applied.add_(correction)
-        taken, previous, violation = taken + 1, violation, math.nan
-    return taken, violation
+        taken, previous = taken + 1, violation

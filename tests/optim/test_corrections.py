@@ -168,9 +168,12 @@ def test_no_corrections_after_a_capped_normal_step():
     assert int(optimizer.diagnostics["corrections"]) == 0 and len(calls) == 1  # (the diagnostic's evaluation)
 
 
-def test_a_correction_that_increases_the_violation_is_undone():
+@pytest.mark.parametrize("max_corrections", [3, 1])
+def test_a_correction_that_increases_the_violation_is_undone(max_corrections):
+    """Also the last one allowed (max_corrections = 1): it was kept unchecked before (Burgers with 8
+    allowed: the eighth raised max |c| from 1.5e-6 to 7.7e-6 and stayed)."""
     p = torch.nn.Parameter(torch.tensor([0.5, -0.2], dtype=F64))
-    optimizer = SQPAdam([p], lr=0.1, max_corrections=3, max_normal_step=None)
+    optimizer = SQPAdam([p], lr=0.1, max_corrections=max_corrections, max_normal_step=None)
     p.grad = torch.zeros(2, dtype=F64)
     J = torch.tensor([[1.0, 0.0]], dtype=F64)
     values = iter([1.0, 3.0])  # the correction "made it worse"
