@@ -11,7 +11,7 @@ After the step :math:`x^+ = x_k + \Delta_k`, at most K = ``max_corrections`` tim
 :math:`J_k \Delta x = -c(x^+)`), the same refinements, and only c re-evaluated. tol =
 ``constraint_tol`` * max(max :math:`|c_1|`, 1). The loop stops early when a correction leaves max |c|
 above ``CORRECTION_STALL`` times the previous one (the residual's rounding floor); a correction that
-increased max |c| is undone.
+increased max |c| is undone (every correction is evaluated after, the last one allowed too).
 
 Step acceptance: when after the corrections max |c| is still above max(``BACKTRACK_ABOVE_TOL`` tol,
 ``BACKTRACK_GROWTH`` max :math:`|c_k|`) (the step's curvature outran the linearization), the step is
