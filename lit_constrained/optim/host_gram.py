@@ -19,10 +19,17 @@ from scipy.linalg import blas
 from torch import Tensor
 
 
+def takes(J: Tensor, d: Tensor | None = None) -> bool:
+    """Whether these products take J (and the scaling d): float32 CPU tensors outside autograd (NumPy has
+    no bfloat16 and no graph: a 16-bit J, or one that requires grad, keeps torch's products)."""
+    return all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and not t.requires_grad)
+               for t in (J, d))
+
+
 def add_block_product_(G: Tensor, piece: Tensor, product: Tensor) -> Tensor:
     """G += piece piece^T: the product in piece's dtype (into ``product``, m x m in that dtype), added to the
-    float64 G. CPU float32 tensors (NumPy has no bfloat16: 16-bit J keeps torch's products); ``piece`` may be
-    a strided view of J's columns (its rows' stride is J's)."""
+    float64 G, for a J that :func:`takes` allows; ``piece`` may be a strided view of J's columns (its rows'
+    stride is J's)."""
     columns = piece.numpy()
     np.matmul(columns, columns.T, out=product.numpy())
     return G.add_(product)

@@ -247,7 +247,7 @@ def _accumulated_gram(J: Tensor, d: Tensor | None, block: int, blocks: int, work
         columns = J[:, start:stop] if d is None else scaled(start, stop)
         for offset in range(0, stop - start, block):
             piece = columns[:, offset:offset + block]
-            if J.device.type == "cpu" and J.dtype == torch.float32:  # SciPy's BLAS, as the factor (host_gram: why)
+            if host_gram.takes(J):  # SciPy's BLAS, as the factor of this m (host_gram: why)
                 host_gram.add_block_product_(G, piece, product)
             else:
                 G.add_(torch.mm(piece, piece.T, out=product))
@@ -274,7 +274,7 @@ def exact_gram(J: Tensor, workspace: tuple[Tensor, Tensor] | None = None, d: Ten
                      torch.empty(chunk, dtype=torch.float64, device=J.device))
     rows, vector = workspace
     chunk = rows.shape[1]
-    if J.device.type == "cpu" and m > EIGH_MAX_SIZE:  # SciPy's dsyrk, as the factor of this m (host_gram)
+    if m > EIGH_MAX_SIZE and host_gram.takes(J, d):  # SciPy's dsyrk, as the factor of this m (host_gram)
         accumulator: host_gram.SymmetricAccumulator | BandAccumulator = host_gram.SymmetricAccumulator(m)
     else:
         accumulator = BandAccumulator(m, J.device)
@@ -677,7 +677,9 @@ class NullSpace:
 
     @classmethod
     def from_jacobian(cls, jacobian: Tensor, rcond: float = DEFAULT_RCOND) -> "NullSpace":
-        """Factorize J (host-side refinement decision: one sync; the optimizers decide in their step)."""
+        """Factorize J (host-side refinement decision: one sync; the optimizers decide in their step). J is
+        detached: the factorization (a rank cutoff) carries no autograd graph."""
+        jacobian = jacobian.detach()
         m, n = jacobian.shape
         if m == 0:
             return cls(jacobian, GramFactor.empty(jacobian.device), 0)

@@ -397,3 +397,17 @@ def test_a_large_gram_of_half_precision_rows_stays_on_torch(dtype):
     G = gram(J)
     assert G.dtype == F64
     assert float((G - reference).abs().max()) <= 50 * torch.finfo(dtype).eps * float(reference.abs().max())
+
+
+def test_a_nullspace_of_many_rows_from_a_jacobian_that_requires_grad():
+    """m > EIGH_MAX_SIZE (SciPy's products; torch.mm(out=) refused a graph too): J is detached, and the
+    projector is the dense one."""
+    gen = torch.Generator().manual_seed(9)
+    J = torch.randn(80, 1_500, generator=gen, dtype=F64).requires_grad_()
+    ns = NullSpace.from_jacobian(J)
+    w = torch.randn(1_500, generator=gen, dtype=F64)
+    expected = w - torch.linalg.pinv(J.detach()) @ (J.detach() @ w)
+    projected = ns.project(w)
+    assert not projected.requires_grad
+    torch.testing.assert_close(projected, expected, rtol=1e-9, atol=1e-11)
+    assert ns.rank == 80 and not NullSpace.from_jacobian(J.float()).jacobian.requires_grad
