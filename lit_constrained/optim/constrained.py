@@ -333,7 +333,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
                                        jacobian.device)
             G, Jv = scaled_gram(jacobian, d, partials, scratch, v)
         finite = torch.isfinite(G).all()
-        G = torch.where(finite, G, 0.0)  # a non-finite G is flagged (the step raises): never used
+        G.masked_fill_(finite.logical_not(), 0.0)  # flagged (the step raises): never used; in place (m x m bytes)
         return GramFactor.from_gram(G, self.param_groups[0]["rcond"], exact=exact), finite, Jv
 
     # ------------------------------------------------------------------ the step

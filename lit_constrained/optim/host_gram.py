@@ -18,6 +18,8 @@ import torch
 from scipy.linalg import blas
 from torch import Tensor
 
+from .symmetric import mirror_lower_
+
 
 def takes(J: Tensor, d: Tensor | None = None) -> bool:
     """Whether these products take J (and the scaling d): float32 CPU tensors outside autograd (NumPy has
@@ -47,6 +49,6 @@ class SymmetricAccumulator:
         self._lower = blas.dsyrk(1.0, chunk.numpy().T, beta=1.0, c=self._lower, trans=1, lower=1, overwrite_c=1)
 
     def result(self) -> Tensor:
-        """C (float64, symmetric): the lower triangle mirrored."""
-        lower = torch.from_numpy(self._lower)
-        return lower.tril() + lower.tril(-1).T
+        """C (float64, symmetric, C-contiguous): the lower triangle mirrored in place (the Fortran-ordered
+        array's transpose is C-ordered and, C being symmetric, C itself)."""
+        return mirror_lower_(torch.from_numpy(self._lower)).T

@@ -63,6 +63,7 @@ from torch import Tensor
 from . import host_gram, native
 from .gram_factor import EIGH_MAX_SIZE, GramFactor
 from .hyperparameters import DEFAULT_RCOND
+from .symmetric import mirror_lower_, symmetrize_
 
 REFINE_ABOVE_CONDITION = 1e3
 """float64 data: iterative refinement is applied when the condition number of the kept part of J J^T
@@ -257,8 +258,8 @@ def _accumulated_gram(J: Tensor, d: Tensor | None, block: int, blocks: int, work
 def _symmetrized_sum(G: Tensor | None, tail: Tensor | None) -> Tensor:
     """0.5 (S + S^T) for S = G + tail in float64 (G float64, tail in J's dtype, converted exactly; one
     may be None)."""
-    S = G if tail is None else tail.to(torch.float64) if G is None else G + tail.to(torch.float64)
-    return 0.5 * (S + S.T)
+    S = tail.to(torch.float64) if G is None else G if tail is None else G.add_(tail)
+    return symmetrize_(S)
 
 
 def exact_gram(J: Tensor, workspace: tuple[Tensor, Tensor] | None = None, d: Tensor | None = None) -> Tensor:
@@ -307,10 +308,9 @@ class BandAccumulator:
 
     def result(self) -> Tensor:
         """C (float64, symmetric)."""
-        G = self._sum
         if len(self._bands) == 1:
-            return 0.5 * (G + G.T)
-        return G.tril() + G.tril(-1).T
+            return symmetrize_(self._sum)
+        return mirror_lower_(self._sum)
 
 
 EXACT_GRAM_BAND_ROWS = 128
