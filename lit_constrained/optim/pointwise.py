@@ -53,7 +53,22 @@ __all__ = ["PointwiseJacobian", "PointwisePath", "chunk_points", "pointwise_jaco
 PointwisePath = Literal["auto", "func", "autograd"]
 
 DEFAULT_MEMORY_BUDGET = 64 * 2**20
-"""Bytes of workspace one chunk of points may take (besides J itself): 64 MiB."""
+"""The most bytes of workspace one chunk of points takes by default (besides J itself): 64 MiB."""
+
+MIN_MEMORY_BUDGET = 16 * 2**20
+"""The least the default budget gives (16 MiB): below it more chunks only add the transforms' fixed cost."""
+
+JACOBIAN_BUDGET_RATIO = 2.0
+"""The default budget's share of J's own bytes: chemistry at m = 300 (J 10.3 MiB) took all its points in one
+chunk of ~3x J under a flat 64 MiB, the step's peak RSS above Adam(unc) 4.6x J; with 2x J (20.5 MiB, two
+chunks) 3.95x, with 1.5x 3.6x but 3.9x at m = 1 000 (against 3.6x with its full 64 MiB, which 2x J keeps);
+the Jacobian at m = 300 no slower with two chunks (8.0 against 10.0 ms at 16 MiB; docs/scale.md)."""
+
+
+def default_memory_budget(jacobian_bytes: int) -> int:
+    """The default chunk budget for a J of ``jacobian_bytes``: ``JACOBIAN_BUDGET_RATIO`` x J, within
+    [``MIN_MEMORY_BUDGET``, ``DEFAULT_MEMORY_BUDGET``]."""
+    return int(min(DEFAULT_MEMORY_BUDGET, max(MIN_MEMORY_BUDGET, JACOBIAN_BUDGET_RATIO * jacobian_bytes)))
 
 FALLBACK_MAX_CHUNK = 32
 """The largest chunk of the ``"autograd"`` path: its work per row grows with the chunk (O(m C))."""
@@ -154,7 +169,8 @@ class PointwiseJacobian:
         path: ``"auto"`` (try ``"func"`` once per residual; if the residual fails inside
             ``torch.func`` transforms, use ``"autograd"`` for it from then on, saying so once),
             ``"func"`` or ``"autograd"`` (forced).
-        memory_budget: bytes of workspace one chunk of points may take (:func:`chunk_points`).
+        memory_budget: bytes of workspace one chunk of points may take (:func:`chunk_points`); None (the
+            default): :func:`default_memory_budget` of the J being formed.
         chunk_size: a fixed number of points per chunk (overrides the budget).
         small_part_rows: under ``"auto"``, a part (or the share of it asked for) of at most this
             many rows is differentiated as one ordinary graph (the ``"autograd"`` path, one chunk):
@@ -164,7 +180,7 @@ class PointwiseJacobian:
     """
 
     path: PointwisePath = "auto"
-    memory_budget: int = DEFAULT_MEMORY_BUDGET
+    memory_budget: int | None = None
     chunk_size: int | None = None
     small_part_rows: int = SMALL_PART_ROWS
     paths: dict[Residual, str] = field(default_factory=dict)
@@ -174,21 +190,25 @@ class PointwiseJacobian:
             raise ValueError(f"path must be 'auto', 'func' or 'autograd', got {self.path!r}.")
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive number of points (or None), got {self.chunk_size}.")
-        if self.memory_budget <= 0:
-            raise ValueError(f"memory_budget must be a positive number of bytes, got {self.memory_budget}.")
+        if self.memory_budget is not None and self.memory_budget <= 0:
+            raise ValueError(f"memory_budget must be a positive number of bytes (or None), got {self.memory_budget}.")
 
-    def _chunk(self, width: int, n: int, itemsize: int, path: str) -> int:
+    def _chunk(self, width: int, n: int, itemsize: int, path: str, jacobian_bytes: int) -> int:
         if self.chunk_size is not None:
             return self.chunk_size
-        return chunk_points(width, n, itemsize, self.memory_budget, path)
+        budget = default_memory_budget(jacobian_bytes) if self.memory_budget is None else self.memory_budget
+        return chunk_points(width, n, itemsize, budget, path)
 
     def part(
         self, module: nn.Module, params: Sequence[Tensor], residual: Residual, points: Tensor, width: int,
-        out: Tensor,
+        out: Tensor, jacobian_bytes: int | None = None,
     ) -> None:
-        """Fill ``out`` (N k, n) with the Jacobian of ``residual`` at ``points`` (N, d)."""
+        """Fill ``out`` (N k, n) with the Jacobian of ``residual`` at ``points`` (N, d); ``jacobian_bytes``:
+        of the whole J that ``out`` is part of, for the default budget (``out``'s own when None)."""
         points = points.detach()
         n, itemsize = out.shape[1], out.element_size()
+        if jacobian_bytes is None:
+            jacobian_bytes = out.numel() * itemsize
         path = self.paths.get(residual, self.path)
         rows = points.shape[0] * width
         if self.path == "auto" and rows <= self.small_part_rows:  # one small graph: no transform's overhead
@@ -197,7 +217,8 @@ class PointwiseJacobian:
         if path in ("auto", "func"):
             try:
                 with torch.no_grad():  # torch.func differentiates by itself: no outer graph
-                    _func_rows(module, params, residual, points, width, out, self._chunk(width, n, itemsize, "func"))
+                    chunk = self._chunk(width, n, itemsize, "func", jacobian_bytes)
+                    _func_rows(module, params, residual, points, width, out, chunk)
                 self.paths[residual] = "func"
                 return
             except Exception as error:  # noqa: BLE001 -- which ops fail inside torch.func is open-ended
@@ -205,7 +226,8 @@ class PointwiseJacobian:
                     raise
                 _announce_fallback(residual, error)
         self.paths[residual] = "autograd"
-        _autograd_rows(params, residual, points, width, out, self._chunk(width, n, itemsize, "autograd"))
+        chunk = self._chunk(width, n, itemsize, "autograd", jacobian_bytes)
+        _autograd_rows(params, residual, points, width, out, chunk)
 
     def __call__(
         self,
@@ -244,7 +266,7 @@ class PointwiseJacobian:
                 block = J[lo - start:hi - start]
                 exact = (lo - offset) % k == 0 and (hi - offset) % k == 0
                 target = block if exact else J.new_empty((last - first) * k, n)
-                self.part(module, params, residual, points[first:last], k, target)
+                self.part(module, params, residual, points[first:last], k, target, J.numel() * J.element_size())
                 if not exact:
                     skip = lo - offset - first * k
                     block.copy_(target[skip:skip + hi - lo])

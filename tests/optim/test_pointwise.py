@@ -147,6 +147,20 @@ def test_chunk_size_follows_the_memory_budget() -> None:
     assert chunk_points(width=1, n=10, itemsize=4, memory_budget=2**30, path="autograd") == 32  # capped
 
 
+def test_the_default_budget_is_a_share_of_the_jacobian_within_bounds() -> None:
+    """2x J's bytes, at least 16 MiB and at most 64 MiB; an engine without a budget chunks by it."""
+    from lit_constrained.optim.pointwise import PointwiseJacobian, default_memory_budget
+
+    MiB = 2**20
+    assert default_memory_budget(1 * MiB) == 16 * MiB
+    assert default_memory_budget(20 * MiB) == 40 * MiB
+    assert default_memory_budget(100 * MiB) == 64 * MiB
+    engine = PointwiseJacobian()
+    # J of 300 rows x 8 964 float32 (10.26 MiB): a 20.5 MiB budget, / (3 * 8 964 * 4 bytes a point) = 200 points
+    assert engine._chunk(1, 8964, 4, "func", 300 * 8964 * 4) == 2 * 300 * 8964 * 4 // (3 * 8964 * 4) == 200
+    assert PointwiseJacobian(memory_budget=MiB)._chunk(1, 8964, 4, "func", 300 * 8964 * 4) == 9
+
+
 def test_errors_name_the_fix() -> None:
     field = Field()
     params = list(field.parameters())
