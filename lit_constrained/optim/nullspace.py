@@ -265,7 +265,9 @@ def _symmetrized_sum(G: Tensor | None, tail: Tensor | None) -> Tensor:
 def exact_gram(J: Tensor, workspace: tuple[Tensor, Tensor] | None = None, d: Tensor | None = None) -> Tensor:
     """G = J D^2 J^T (D = diag(d), the identity when ``d`` is None) from float64 products (exact to
     float64 round-off), converting J (and d) chunk by chunk into ``workspace`` = (float64 (m, chunk),
-    float64 (chunk,)) so that no float64 copy of all of J is made."""
+    float64 (chunk,)) so that no float64 copy of all of J is made. The chunks' products: SciPy's ``dsyrk``
+    for a large m on the CPU (:class:`~lit_constrained.optim.host_gram.SymmetricAccumulator`), else torch's
+    (:class:`BandAccumulator`); both take the lower triangle only."""
     if J.dtype == torch.float64:
         return scaled_gram(J, d)[0]
     m, n = J.shape
@@ -314,9 +316,10 @@ class BandAccumulator:
 
 
 EXACT_GRAM_BAND_ROWS = 128
-"""Rows per band of :func:`exact_gram` for a large m: its m^2 n float64 products are taken only for the
-blocks on and below the diagonal of G (p(p + 1)/2 of p^2 band pairs, p = min(8, m // 128)), the upper
-triangle mirrored: ~30 % less time at m = 1 000 (docs/optim_measurements.md)."""
+"""Rows per band of :class:`BandAccumulator` (torch's exact Gram, off the CPU) for a large m: its m^2 n
+float64 products are taken only for the blocks on and below the diagonal of G (p(p + 1)/2 of p^2 band pairs,
+p = min(8, m // 128)), the upper triangle mirrored: ~30 % less time at m = 1 000 (docs/optim_measurements.md;
+measured on the CPU, before its exact Gram moved to SciPy's dsyrk)."""
 
 
 def _row_bands(m: int) -> list[tuple[int, int]]:
