@@ -366,8 +366,12 @@ class TrainingStepper:
         per tensor). A NaN or inf makes a tensor's sum non-finite, so each tensor costs one reduction and
         no temporary of its size (``isfinite(t).all()`` writes a t-sized float and two t-sized masks: 1.5x
         J's bytes at m = 1 000). A sum that overflows although every entry is finite reads as not finite
-        here; the caller then checks entry by entry (:meth:`_entrywise_finite`) before reporting."""
-        return torch.isfinite(torch.stack([t.sum().to(torch.float64) for t in _checked_tensors(f, c, J, params)])).all()
+        here; the caller then checks entry by entry (:meth:`_entrywise_finite`) before reporting. A complex
+        tensor (an FNO's spectral weights' gradients) is summed over its real view, so that a NaN or inf in an
+        imaginary part shows too (casting its complex sum to float64 dropped it)."""
+        sums = [(torch.view_as_real(t) if t.is_complex() else t).sum().to(torch.float64)
+                for t in _checked_tensors(f, c, J, params)]
+        return torch.isfinite(torch.stack(sums)).all()
 
     @staticmethod
     def _entrywise_finite(f: Tensor, c: Tensor | None, J: Tensor | None, params: list[Tensor]) -> bool:

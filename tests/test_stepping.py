@@ -232,3 +232,9 @@ def test_the_finiteness_flag_is_one_reduction_and_an_overflowing_sum_is_rechecke
     assert not bool(TrainingStepper._all_finite(f, c, None, [p])) and not TrainingStepper._entrywise_finite(f, c, None, [p])
     p.grad[0] = 1.0
     assert bool(TrainingStepper._all_finite(f, c, torch.zeros(2, 3), [p]))
+    spectral = torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))  # an FNO's weights are complex
+    spectral.grad = torch.tensor([1 + 1j, complex(0.0, float("nan"))], dtype=torch.complex64)
+    assert not bool(TrainingStepper._all_finite(f, c, None, [p, spectral]))  # the NaN is in an imaginary part
+    assert not TrainingStepper._entrywise_finite(f, c, None, [p, spectral])
+    spectral.grad[1] = 2 - 1j
+    assert bool(TrainingStepper._all_finite(f, c, None, [p, spectral]))
