@@ -40,7 +40,9 @@ def check_before_loading(
 
 
 def refuse_nonfinite_weights(checkpoint: Mapping[str, Any]) -> None:
-    """Raise before a checkpoint is written if a floating parameter of its ``state_dict`` holds NaN/inf."""
+    """Raise before a checkpoint is written if a floating or complex parameter of its ``state_dict`` holds NaN/inf
+    (an FNO's spectral weights are complex)."""
     for name, tensor in checkpoint.get("state_dict", {}).items():
-        if isinstance(tensor, Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        numeric = isinstance(tensor, Tensor) and (tensor.is_floating_point() or tensor.is_complex())
+        if numeric and not bool(torch.isfinite(tensor).all()):
             raise FloatingPointError(f"Refusing to write a checkpoint: parameter {name!r} holds NaN/inf.")

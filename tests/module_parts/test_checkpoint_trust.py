@@ -28,6 +28,15 @@ def test_a_nonfinite_weight_is_refused_by_name(bad: float) -> None:
         refuse_nonfinite_weights({"state_dict": {"net.0.bias": torch.ones(2), "net.0.weight": weights}})
 
 
+def test_a_nonfinite_complex_weight_is_refused() -> None:
+    """A NaN in an imaginary part of a complex (spectral) weight."""
+    spectral = torch.ones(2, dtype=torch.complex64)
+    spectral[0] = complex(1.0, math.nan)
+    with pytest.raises(FloatingPointError, match="'fno.spectral' holds NaN/inf"):
+        refuse_nonfinite_weights({"state_dict": {"fno.spectral": spectral}})
+    refuse_nonfinite_weights({"state_dict": {"fno.spectral": torch.ones(2, dtype=torch.complex64)}})
+
+
 def test_finite_and_integer_entries_pass() -> None:
     refuse_nonfinite_weights({"state_dict": {"w": torch.ones(2), "steps": torch.tensor([2**40]), "x": "text"}})
     refuse_nonfinite_weights({})
