@@ -112,7 +112,7 @@ def test_ranks_meet_about_every_check_seconds() -> None:
     stop._steps_since_check = 10
     stop._last_check = time.perf_counter() - 10 * 0.004  # 4 ms a step: 250 steps a second
     proposal = stop._proposal(SimpleNamespace(is_global_zero=True))
-    assert 200 <= proposal <= 250  # the clock moved on a little since
+    assert 100 <= proposal <= 250  # the clock moved on since (up to ~60 ms on a loaded machine)
     stop._last_check = time.perf_counter() - 10 * 2.0  # 2 s a step: every step
     assert stop._proposal(SimpleNamespace(is_global_zero=True)) == 1
     stop._last_check = time.perf_counter() - 1e-7
