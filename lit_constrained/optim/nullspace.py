@@ -243,12 +243,13 @@ def _accumulated_gram(J: Tensor, d: Tensor | None, block: int, blocks: int, work
     G = torch.zeros(m, m, dtype=torch.float64, device=J.device)
     full = blocks * block
     step = block if d is None else chunk
+    host = host_gram.takes(J)  # SciPy's BLAS, as the factor of this m (host_gram: why)
     for start in range(0, full, step):
         stop = min(start + step, full)
         columns = J[:, start:stop] if d is None else scaled(start, stop)
         for offset in range(0, stop - start, block):
             piece = columns[:, offset:offset + block]
-            if host_gram.takes(J):  # SciPy's BLAS, as the factor of this m (host_gram: why)
+            if host:
                 host_gram.add_block_product_(G, piece, product)
             else:
                 G.add_(torch.mm(piece, piece.T, out=product))

@@ -105,10 +105,7 @@ class HostCholesky:
         eigenvalues, vectors = np.linalg.eigh(columns.T @ columns)  # ascending
         largest = float(eigenvalues[-1]) if eigenvalues.size else 0.0
         keep = eigenvalues > (rcond**2) * largest
-        self.rank = int(np.count_nonzero(keep))
-        if not self.rank:  # (a G of zeros is caught before; kept for a fully cancelled L)
-            self.lower, self.q, self.r_factor, self.largest, self.condition = None, None, None, 0.0, 1.0
-            return
+        self.rank = int(np.count_nonzero(keep))  # >= 1: L has a positive pivot, so lambda_1 > 0 is kept
         self.lower = None
         self.q, self.r_factor = qr(columns @ vectors[:, keep], mode="economic", check_finite=False)
         self.largest = largest
