@@ -24,13 +24,34 @@ point (:mod:`lit_constrained.optim.pointwise`), linear in m. This module imports
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["Imposed", "PartLayout", "imposed_values", "part_layout", "concatenate_parts", "split_parts"]
+__all__ = [
+    "SENSES", "Imposed", "PartLayout", "SenseRows", "Sense", "active_rows", "check_sense", "concatenate_parts",
+    "imposed_values", "layout_signs", "part_layout", "sense_signs", "split_parts", "violated_part",
+]
+
+Sense = str
+"""One of :data:`SENSES`: ``"="`` (residual = 0), ``"<="`` (residual <= 0), ``">="`` (residual >= 0)."""
+
+SENSES: tuple[str, ...] = ("=", "<=", ">=")
+"""The senses a constraint row takes (``"="``: an equality, the default)."""
+
+_SIGN = {"=": 0, "<=": 1, ">=": -1}
+
+
+def check_sense(sense: object, owner: str = "Imposed") -> str:
+    """``sense`` if it is one of :data:`SENSES`, else a ValueError naming the three choices."""
+    if not isinstance(sense, str) or sense not in _SIGN:
+        raise ValueError(
+            f"{owner}: sense must be '=' (residual = 0), '<=' (residual <= 0) or '>=' (residual >= 0), "
+            f"got {sense!r}."
+        )
+    return sense
 
 RESERVED_PART_NAMES = frozenset({"train", "val", "test"})
 """Names a part may not take: the stages of the ``Violation/<stage>`` tags (a part's own violation is
@@ -39,7 +60,8 @@ logged as ``Violation/<name>/<stage>``)."""
 
 @dataclass(frozen=True)
 class Imposed:
-    """One part of the hard constraints: ``residual(points) = 0`` at every point.
+    """One part of the hard constraints: ``residual(points) = 0`` (or ``<= 0``, ``>= 0``: ``sense``) at
+    every point.
 
     Attributes:
         residual: ``points (N, d) -> (N,)`` or ``(N, k)``; row i depends ONLY on ``points[i]``. It
@@ -48,12 +70,16 @@ class Imposed:
             time (a batch of ONE point, shape (1, d)); a residual whose input derivatives use plain
             ``torch.autograd.grad`` still works there, on the slower chunked-autograd path.
         points: the imposed points, ``(N, d)`` (a buffer or an entry of the batch).
+        sense: ``"="`` (default: ``residual = 0``), ``"<="`` (``residual <= 0``) or ``">="``
+            (``residual >= 0``, e.g. ``u - psi >= 0`` for an obstacle ``psi``), for every row of the part.
     """
 
     residual: Callable[[Tensor], Tensor]
     points: Tensor
+    sense: Sense = "="
 
     def __post_init__(self) -> None:
+        check_sense(self.sense)
         if not callable(self.residual):
             raise TypeError(f"Imposed.residual must be callable (points -> residuals), got {type(self.residual).__name__}.")
         if not isinstance(self.points, Tensor) or self.points.dim() != 2:
@@ -63,12 +89,14 @@ class Imposed:
 
 @dataclass(frozen=True)
 class PartLayout:
-    """Where a part's rows lie in c: rows ``[offset, offset + size)``, ``size = points * width``."""
+    """Where a part's rows lie in c: rows ``[offset, offset + size)``, ``size = points * width``, and the
+    part's ``sense`` (``"="``, ``"<="`` or ``">="``)."""
 
     name: str
     offset: int
     points: int
     width: int
+    sense: Sense = "="
 
     @property
     def size(self) -> int:
@@ -112,11 +140,15 @@ def imposed_values(parts: Mapping[str, Imposed]) -> dict[str, Tensor]:
     return {name: _check_values(name, part.residual(part.points), part.points) for name, part in parts.items()}
 
 
-def part_layout(values: Mapping[str, Tensor]) -> tuple[PartLayout, ...]:
-    """The rows of c each part occupies (from the parts' ``(N, k)`` values, in order)."""
+def part_layout(
+    values: Mapping[str, Tensor], parts: Mapping[str, Imposed] | None = None
+) -> tuple[PartLayout, ...]:
+    """The rows of c each part occupies (from the parts' ``(N, k)`` values, in order), each with its
+    part's sense (from ``parts``; without them every part is an equality)."""
     layout, offset = [], 0
     for name, v in values.items():
-        layout.append(PartLayout(name, offset, v.shape[0], v.shape[1]))
+        sense = parts[name].sense if parts is not None and name in parts else "="
+        layout.append(PartLayout(name, offset, v.shape[0], v.shape[1], sense))
         offset += v.shape[0] * v.shape[1]
     return tuple(layout)
 
@@ -138,3 +170,121 @@ def split_parts(c: Tensor, layout: tuple[PartLayout, ...]) -> dict[str, Tensor]:
     if c.numel() != m:
         raise ValueError(f"a constraint vector of {c.numel()} entries does not match the parts' {m} rows.")
     return {part.name: c[part.offset:part.offset + part.size] for part in layout}
+
+
+# ----------------------------------------------------------------------------------------- the senses
+def sense_signs(senses: str | Sequence[str], m: int) -> Tensor | None:
+    """The per-row signs :math:`s \\in \\{0, +1, -1\\}^m` (int8) of ``senses``: one sense for all m rows,
+    or one per row. None when every row is an equality (the step is then today's, unchanged)."""
+    if isinstance(senses, str):
+        sign = _SIGN[check_sense(senses, "constraint_senses()")]
+        return None if sign == 0 or m == 0 else torch.full((m,), sign, dtype=torch.int8)
+    senses = tuple(senses)
+    if len(senses) != m:
+        raise ValueError(
+            f"constraint_senses() gives {len(senses)} senses for the {m} constraint rows: give one per row "
+            "(or one string for all of them)."
+        )
+    signs = [_SIGN[check_sense(sense, "constraint_senses()")] for sense in senses]
+    return torch.tensor(signs, dtype=torch.int8) if any(signs) else None
+
+
+def layout_signs(layout: Sequence[PartLayout]) -> Tensor | None:
+    """The per-row signs of the imposed parts (None when every part is an equality)."""
+    if all(part.sense == "=" for part in layout):
+        return None
+    return torch.cat([torch.full((part.size,), _SIGN[part.sense], dtype=torch.int8) for part in layout])
+
+
+def violated_part(c: Tensor, signs: Tensor | None) -> Tensor:
+    r""":math:`v`: ``c`` on the equality rows, :math:`\max(s_i c_i, 0)` on the inequality rows (the part
+    by which a row violates its bound; differentiable, as c). ``signs`` None: ``c`` itself. ``c`` may hold
+    W copies of the m rows (the ranks' union): the m signs then repeat."""
+    if signs is None:
+        return c
+    flat = c.reshape(-1)
+    s = signs.to(flat.device)
+    if flat.numel() != s.numel():
+        if s.numel() == 0 or flat.numel() % s.numel():
+            raise ValueError(f"{flat.numel()} constraint rows do not match the {s.numel()} senses.")
+        s = s.repeat(flat.numel() // s.numel())
+    signed = flat * s.to(flat.dtype)
+    return torch.where(s == 0, flat, signed.clamp_min(0)).reshape(c.shape)
+
+
+def active_rows(g: Tensor, tol: float | None = None) -> int:
+    r"""How many rows of :math:`g \le 0` are active: :math:`g_i \ge -\mathrm{tol}` (within ``tol`` of the
+    bound, or past it). Default ``tol``: :math:`\sqrt{\varepsilon}` of g's dtype (1.5e-8 in float64,
+    3.5e-4 in float32)."""
+    if g.numel() == 0:
+        return 0
+    if tol is None:
+        tol = torch.finfo(g.dtype).eps ** 0.5 if g.is_floating_point() else 0.0
+    return int((g.detach() >= -tol).sum())
+
+
+@dataclass(frozen=True)
+class SenseRows:
+    """The equality rows E and the inequality rows I of a constraint vector, by its signs.
+
+    Built once per layout on the host (:meth:`of`): ``equality`` and ``inequality`` index the rows
+    (sorted), ``sign`` is :math:`s_I` (+1 or -1). Rows that are contiguous are taken as views (no copy
+    of J's rows), and a split of them makes no host sync."""
+
+    equality: Tensor
+    inequality: Tensor
+    sign: Tensor
+    equality_span: tuple[int, int] | None
+    inequality_span: tuple[int, int] | None
+    all_upper: bool  # every inequality row is "<=" (g = c_I, no sign to apply)
+
+    @staticmethod
+    def of(signs: Tensor) -> SenseRows:
+        """The rows of ``signs`` (int, on any device: read on the host once)."""
+        signs = signs.detach().to("cpu").reshape(-1)
+        equality = torch.nonzero(signs == 0).reshape(-1)
+        inequality = torch.nonzero(signs != 0).reshape(-1)
+        sign = signs[inequality]
+        return SenseRows(equality, inequality, sign, _span(equality), _span(inequality), bool((sign > 0).all()))
+
+    @property
+    def p(self) -> int:
+        """The number of inequality rows."""
+        return int(self.inequality.numel())
+
+    @property
+    def m(self) -> int:
+        """The number of equality rows."""
+        return int(self.equality.numel())
+
+    @staticmethod
+    def _rows(t: Tensor, index: Tensor, span: tuple[int, int] | None) -> Tensor:
+        if span is not None:
+            return t.narrow(0, span[0], span[1])
+        return t.index_select(0, index.to(t.device))
+
+    def equalities(self, c: Tensor) -> Tensor:
+        """:math:`c_E` (or :math:`J_E`)."""
+        return self._rows(c, self.equality, self.equality_span)
+
+    def inequalities(self, c: Tensor) -> Tensor:
+        """:math:`g = s_I c_I` (or :math:`G = s_I J_I`): the rows that must be <= 0."""
+        g = self._rows(c, self.inequality, self.inequality_span)
+        if self.all_upper:
+            return g
+        return g * self.sign.to(g.device, g.dtype).reshape((-1,) + (1,) * (g.dim() - 1))
+
+    def split(self, c: Tensor, J: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+        """:math:`(c_E, J_E, g, G)` with :math:`g = s_I c_I`, :math:`G = s_I J_I` (J None: both None)."""
+        JE = None if J is None else self.equalities(J)
+        G = None if J is None else self.inequalities(J)
+        return self.equalities(c), JE, self.inequalities(c), G
+
+
+def _span(index: Tensor) -> tuple[int, int] | None:
+    """``(start, length)`` when the sorted ``index`` is one run of consecutive rows (or empty)."""
+    n = index.numel()
+    if n == 0:
+        return (0, 0)
+    start = int(index[0])
+    return (start, n) if int(index[-1]) - start + 1 == n else None

@@ -38,7 +38,9 @@ from torch.optim import Optimizer
 from .batch import cast_floats
 from .class_spec import SpecFactory, as_class_spec
 from .hints import add_hint, optimizer_argument_hint, unexpected_keyword
-from .imposed import Imposed, PartLayout, check_parts, concatenate_parts, imposed_values, part_layout
+from .imposed import (
+    Imposed, PartLayout, check_parts, concatenate_parts, imposed_values, layout_signs, part_layout, sense_signs,
+)
 from .module_parts import checkpoint_trust, schedulers, trainer_checks
 from .module_parts.evaluation import log_evaluation_step, measures_residual
 from .module_parts.step_logging import DiagnosticCharts, is_logging_step, log_training_step, step_index
@@ -206,8 +208,34 @@ class ConstrainedModule(pl.LightningModule, ABC):
         if parts is None:
             return None
         values = imposed_values(parts)
-        self._imposed_layout = part_layout(values)
+        self._imposed_layout = part_layout(values, parts)
         return concatenate_parts(values)
+
+    def constraint_senses(self) -> str | Sequence[str] | None:
+        """The sense of the rows of :meth:`constraints`, for a task that overrides it without
+        :meth:`imposed`: ``"="`` (c_i = 0), ``"<="`` (c_i <= 0) or ``">="`` (c_i >= 0), one string for
+        every row or a sequence of one per row. None (the default): every row is an equality, or the
+        senses of the :meth:`imposed` parts (``Imposed(..., sense=">=")``), which this overrides."""
+        return None
+
+    def constraint_signs(self, m: int) -> Tensor | None:
+        """The per-row signs of the m rows of :meth:`constraints` (int8: 0 ``"="``, +1 ``"<="``, -1
+        ``">="``; None when every row is an equality): :meth:`constraint_senses`, else the imposed
+        parts' senses (:func:`~lit_constrained.imposed.layout_signs`). The same tensor while the senses
+        stay the same (the step caches its split of the rows by it)."""
+        senses = self.constraint_senses()
+        if senses is not None:
+            key: Any = ("senses", senses if isinstance(senses, str) else tuple(senses), m)
+        else:
+            layout = self._imposed_layout
+            if layout is None or sum(part.size for part in layout) != m:
+                return None
+            key = ("layout", layout)
+        cached = getattr(self, "_signs_cache", None)
+        if cached is None or cached[0] != key:
+            signs = sense_signs(key[1], m) if senses is not None else layout_signs(key[1])
+            self._signs_cache = cached = (key, signs)
+        return cached[1]
 
     def validation_constraints(self, batch: Any) -> Tensor | None:
         """Residuals reported at validation/test (default: the training constraints).
@@ -280,7 +308,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
         check_parts(parts)
         layout = self._imposed_layout
         if layout is None or [p.name for p in layout] != list(parts) or sum(p.size for p in layout) != constraints.numel():
-            layout = part_layout(imposed_values(parts))  # constraints() was overridden: read the widths anew
+            layout = part_layout(imposed_values(parts), parts)  # constraints() was overridden: read the widths anew
         if sum(p.size for p in layout) != constraints.numel():
             raise ValueError(
                 f"{type(self).__name__}.constraints() has {constraints.numel()} entries but imposed() declares "

@@ -32,6 +32,17 @@ Its step:
    whose ``step`` takes one: the post-step corrections of
    :meth:`~lit_constrained.optim.constrained.ConstrainedOptimizer._correct`.
 
+**Inequality rows.** A task whose rows have senses (``Imposed(..., sense="<=" | ">=")``, or its
+``constraint_signs(m)``: :func:`row_signs`) is evaluated as above (all m rows: c, J, the one all-gather,
+the finiteness flag); the optimizer then gets the equality rows as ``constraints``/``jacobian`` and the
+inequality rows, signed to read :math:`g \le 0` (``">="``: :math:`g = -r`), as
+``inequalities``/``inequality_jacobian`` (:class:`~lit_constrained.imposed.SenseRows`); its
+``constraint_closure`` returns ``(c, g)``. An optimizer that imposes constraints (``"jacobian"`` in its
+``requires``) but has no ``accepts_inequalities`` is refused at the first step, before any update; an
+unconstrained one (``torch.optim.Adam``) only monitors them. The step's result (and every violation
+figure) holds :math:`v` (:func:`~lit_constrained.imposed.violated_part`): c on the equality rows, the
+violated part :math:`\max(g, 0)` on the inequality rows; ``penalty_weight`` penalizes :math:`v^2`.
+
 The module logs the result and steps the LR schedulers (see
 :class:`~lit_constrained.module.ConstrainedModule`).
 """
@@ -50,6 +61,7 @@ from torch.optim import Optimizer
 
 from .distributed import AllGather, gather_step, row_counts, row_slice
 from .hints import DERIVATIVE_FIX, add_hint, describe_batch, is_second_backward
+from .imposed import SenseRows, violated_part
 from .optim.checks import check_constraints, check_objective, count_nonfinite
 from .optim.flat import group_params, numel_real
 
@@ -62,7 +74,23 @@ class StepResult:
 
     objective: Tensor
     constraints: Tensor | None
+    """:math:`v`: c on the equality rows, the violated part max(g, 0) on the inequality rows (c itself
+    when every row is an equality)."""
     skipped: bool = False
+    inequalities: Tensor | None = None
+    """:math:`g` (the inequality rows, signed to read g <= 0), None without inequality rows."""
+
+
+INEQUALITY_OPTIMIZERS = "lit_constrained.optim.SQPAdam or lit_constrained.optim.SQPHeavyBall"
+"""The optimizers that take inequality rows (named in the refusal)."""
+
+
+def row_signs(task: Any, m: int) -> Tensor | None:
+    """The per-row signs of a task's m constraint rows (0 ``"="``, +1 ``"<="``, -1 ``">="``), from its
+    ``constraint_signs(m)`` (:class:`~lit_constrained.module.ConstrainedModule` has it); None: all
+    equalities (also for a task without the hook)."""
+    hook = getattr(task, "constraint_signs", None)
+    return None if hook is None or m == 0 else hook(m)
 
 
 @runtime_checkable
@@ -213,6 +241,7 @@ class TrainingStepper:
         self.num_constraints: int | None = None
         self.batch_description: str | None = None
         """What the first training batch was (:func:`~lit_constrained.hints.describe_batch`), for messages."""
+        self._sense_rows: tuple[Tensor, int, SenseRows] | None = None  # (signs, copies, rows): the last split
 
     def step(self, task: ConstrainedTask, batch: Any, services: StepServices) -> StepResult:
         """One training step of ``task`` on ``batch`` (as the data loader gave it)."""
@@ -239,9 +268,15 @@ class TrainingStepper:
         with constraint_precision(services.device):  # c and J in the parameters' dtype, even under AMP
             c = check_constraints(task.constraints(batch), f"{name}.constraints()", self.num_constraints, need_jacobian)
         self.num_constraints = 0 if c is None else c.numel()
+        signs = row_signs(task, self.num_constraints)
+        if signs is not None and need_jacobian and not getattr(optimizer, "accepts_inequalities", False):
+            raise ValueError(
+                f"{name} imposes inequality rows (sense '<=' or '>='), which {type(optimizer).__name__} cannot "
+                f"take: use {INEQUALITY_OPTIMIZERS} (or torch.optim.Adam to only monitor them)."
+            )
         loss = f
         if self.penalty_weight > 0 and c is not None and c.numel():
-            loss = f + self.penalty_weight * c.pow(2).mean()
+            loss = f + self.penalty_weight * violated_part(c, signs).pow(2).mean()
 
         params = group_params(optimizer.param_groups)
         rows = self._own_rows(task, services, 0 if c is None else c.numel())
@@ -286,37 +321,71 @@ class TrainingStepper:
                     "earlier checkpoint."
                 )
             services.report(f"{report} Skipped ({self.consecutive_skips} in a row).")
-            return StepResult(loss_mean, c_mean, skipped=True)
+            return StepResult(loss_mean, violated_part(c_mean, signs) if c_mean is not None else None, skipped=True)
         self.consecutive_skips = 0
         self._last_finite = (services.step_index, loss_mean, c_mean)
 
         kwargs: dict[str, Any] = {}
-        if "constraints" in requires:
-            kwargs["constraints"] = c_mean
-        if need_jacobian:
-            kwargs["jacobian"] = J_mean
+        sense_rows = None if signs is None or c_mean is None else self._rows_of(signs, c_mean.numel())
+        g = None
+        if sense_rows is None:
+            if "constraints" in requires:
+                kwargs["constraints"] = c_mean
+            if need_jacobian:
+                kwargs["jacobian"] = J_mean
+        else:
+            c_eq, J_eq, g, G = sense_rows.split(c_mean, J_mean)
+            if "constraints" in requires:
+                kwargs["constraints"] = c_eq if sense_rows.m else None
+            if need_jacobian:
+                kwargs["jacobian"] = J_eq if sense_rows.m else None
+            if getattr(optimizer, "accepts_inequalities", False):
+                kwargs["inequalities"], kwargs["inequality_jacobian"] = g, G
         if isinstance(getattr(optimizer, "diagnostics", None), dict):
             # the package's optimizers compute their diagnostics only on the steps asked for
             kwargs["diagnostics"] = bool(services.diagnostics)
         if c is not None and c.numel() and _accepts(optimizer, "step", "constraint_closure"):
-            kwargs["constraint_closure"] = self._constraint_closure(task, batch, services)
+            pair = getattr(optimizer, "accepts_inequalities", False)
+            kwargs["constraint_closure"] = self._constraint_closure(task, batch, services, sense_rows, pair)
         services.optimizer_step(closure=lambda: loss_mean, **kwargs)
-        return StepResult(loss_mean, c_mean)
+        if sense_rows is None:
+            return StepResult(loss_mean, c_mean)
+        return StepResult(loss_mean, violated_part(c_mean, signs), inequalities=g)
+
+    def _rows_of(self, signs: Tensor, rows: int) -> SenseRows:
+        """The split of ``rows`` constraint rows by the task's m ``signs`` (``rows`` = W m for the ranks'
+        union: the signs repeat), cached while the task returns the same signs tensor."""
+        copies = rows // max(signs.numel(), 1)
+        if copies * signs.numel() != rows:
+            raise ValueError(f"constraint_signs() gives {signs.numel()} signs for {rows} constraint rows.")
+        cached = self._sense_rows
+        if cached is None or cached[0] is not signs or cached[1] != copies:
+            self._sense_rows = (signs, copies, SenseRows.of(signs.repeat(copies) if copies > 1 else signs))
+        return self._sense_rows[2]
 
     @staticmethod
-    def _constraint_closure(task: ConstrainedTask, batch: Any, services: StepServices) -> Callable[[], Tensor]:
+    def _constraint_closure(
+        task: ConstrainedTask, batch: Any, services: StepServices, sense_rows: SenseRows | None = None,
+        pair: bool = True,
+    ) -> Callable[[], Tensor | tuple[Tensor, Tensor]]:
         """c at the current parameters, for the optimizer's post-step corrections: the task's
         constraints (grad mode on, for residuals that differentiate w.r.t. their inputs; autocast off),
         detached; under data parallelism the same c on every rank (shared constraints: each rank's own,
-        equal by construction; per-rank constraints: the ranks' union, as the step imposes it)."""
+        equal by construction; per-rank constraints: the ranks' union, as the step imposes it). With
+        inequality rows (``sense_rows``) the pair ``(c_E, g)``, split as the step's rows (``pair``
+        False, an optimizer that takes no inequalities: ``c_E`` alone)."""
 
-        def constraints_now() -> Tensor:
+        def constraints_now() -> Tensor | tuple[Tensor, Tensor]:
             with torch.enable_grad(), constraint_precision(services.device):
                 c = task.constraints(batch)
             c = c.detach().reshape(-1)
             if services.world_size > 1 and not task.constraints_shared:
                 c = services.all_gather(c).reshape(-1)
-            return c
+            if sense_rows is None:
+                return c
+            if not pair:
+                return sense_rows.equalities(c)
+            return sense_rows.equalities(c), sense_rows.inequalities(c)
 
         return constraints_now
 

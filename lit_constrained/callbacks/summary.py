@@ -34,10 +34,12 @@ from torch import Tensor
 
 from lit_constrained.batch import as_task_sees_it
 from lit_constrained.callbacks.health import RunHealth
+from lit_constrained.imposed import SenseRows, active_rows, violated_part
 from lit_constrained.module_parts.evaluation import evaluate, measures_residual
 from lit_constrained.module_parts.tags import OBJECTIVE, RESIDUAL, VIOLATION, tag
 from lit_constrained.module_parts.trainer_checks import attached_trainer, imposes_constraints
 from lit_constrained.module_parts.validation_pass import as_loader_list, overrides_hook, validation_batches
+from lit_constrained.stepping import row_signs
 
 
 def _fmt(value: float | None) -> str:
@@ -199,7 +201,26 @@ class FitSummary(Callback):
         if constraints is None or self._last_batch is None:
             return None
         with torch.enable_grad(), pl_module.trainer.precision_plugin.train_step_context():  # as in the step
-            return _max_abs(constraints(self._last_batch))
+            c = constraints(self._last_batch)
+        signs = row_signs(pl_module, c.numel()) if isinstance(c, Tensor) else None
+        self._g_end = None if signs is None else SenseRows.of(signs).inequalities(c.detach().reshape(-1))
+        return _max_abs(violated_part(c, signs))  # an inequality row counts by max(g, 0)
+
+    def _inequality_line(self, trainer: pl.Trainer) -> list[str]:
+        """``inequality``: p rows g <= 0 at the final weights, how many are active (the optimizer's last
+        ``active_set``, else the rows within sqrt(eps) of their bound) and the largest violation."""
+        g = getattr(self, "_g_end", None)
+        if g is None:
+            return []
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        active_set = getattr(optimizer, "active_set", None)
+        if isinstance(active_set, (Tensor, list, tuple)):
+            active, how = len(active_set), "the optimizer's active set at the last step"
+        else:
+            active, how = active_rows(g), "rows within sqrt(eps) of their bound at the end"
+        worst = float(g.clamp_min(0).max()) if g.numel() else 0.0
+        return [f"  inequality   {active} of the p = {g.numel()} inequality rows active ({how}); "
+                f"max(g, 0) {_fmt(worst)} at the end"]
 
     def _final_validation(self, trainer: pl.Trainer, pl_module: Any) -> dict[str, float]:
         """The validation figures at the final weights, from the DataModule's validation loader."""
@@ -266,6 +287,7 @@ class FitSummary(Callback):
                 f"  max |c|      {_fmt(self._c_start)} at the start -> {_fmt(end)} at the end "
                 f"(x {_fmt(ratio)}) over {over}"
             )
+            lines.extend(self._inequality_line(trainer))
         lines.extend(self._validation_lines(trainer, pl_module, steps))
         ckpt = trainer.checkpoint_callback
         path = (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")) if ckpt else ""

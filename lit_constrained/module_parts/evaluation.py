@@ -15,9 +15,11 @@ import torch
 from torch import Tensor
 
 from ..batch import clone_tensors
+from ..imposed import violated_part
 from ..hints import DERIVATIVE_FIX, add_hint, evaluation_hook_hint, is_second_backward
 from ..metrics.functional import violation_max
 from ..optim.checks import check_constraints, check_objective
+from ..stepping import row_signs
 from .step_logging import part_violations
 from .tags import OBJECTIVE, RESIDUAL, VIOLATION, tag
 
@@ -48,6 +50,8 @@ def evaluate(task: Any, batch: Any, stage: str) -> Evaluation:
         c = None
         if shared:
             c = check_constraints(_call_hook(task, "constraints", batch, stage), f"{name}.constraints()", None, False)
+            if c is not None:  # inequality rows count by their violated part, max(g, 0)
+                c = violated_part(c, row_signs(task, c.numel()))
         r = None
         if measures_residual(task) or not shared:
             r = check_constraints(_call_hook(task, "validation_constraints", batch, stage),
