@@ -74,10 +74,11 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.optimizer import ParamsT
 
+from .active_set import Inequalities, impose_inequalities
 from .autocast import outside_autocast
 from .blas_threads import host_blas_threads
 from .checks import check_finite, check_lr, check_positive, check_shared_keys, prepared_constraint_inputs
-from .corrections import hold_feasibility, max_violation
+from .corrections import evaluated_constraints, hold_feasibility, max_violation
 from .flat import FlatLayout, group_blocks, group_params
 from .gram_factor import EIGH_MAX_SIZE, GramFactor
 from .hyperparameters import (
@@ -149,8 +150,10 @@ class StepInputs:
     state: dict[str, Any]
     loss: Any = None
     finite: Tensor | None = None
-    """0-dim bool: further inputs of an optimizer (SQP-MoMo's loss and <g, x>) are finite; joins the
-    step's one host read."""
+    """0-dim bool: further inputs of an optimizer (SQP-MoMo's loss and <g, x>, the inequality rows) are
+    finite; joins the step's one host read."""
+    inequalities: Inequalities | None = None
+    """The rows g <= 0 with their Jacobian (p > 0), or None."""
 
     @property
     def m(self) -> int:
@@ -160,11 +163,14 @@ class StepInputs:
 @dataclass
 class Composed:
     """A composed step: delta (in x), the normal-step scale s tau (None where it is per block) and the
-    normal step's norm."""
+    normal step's norm; with inequality rows also the projector of the rows E + A the step imposed (the
+    corrections' rows) and the active rows."""
 
     delta: Tensor
     scale: Tensor | None
     normal_norm: Tensor
+    imposed: Projector | None = None
+    active: list[int] | None = None
 
 
 class ConstrainedOptimizer(Optimizer, ABC):
@@ -172,6 +178,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
     the merged step, the corrections, diagnostics, state and workspaces."""
 
     requires = frozenset({"constraints", "jacobian"})
+    accepts_inequalities: bool = False
+    """Whether ``step`` takes ``inequalities=`` / ``inequality_jacobian=`` (rows g <= 0)."""
     shared_keys: tuple[str, ...] = SHARED_KEYS
     """Hyperparameters of the one projection: equal in all param groups."""
 
@@ -185,6 +193,13 @@ class ConstrainedOptimizer(Optimizer, ABC):
         self._view_cache: dict[str, Any] = {}
         self._exact_gram_for: tuple[tuple[int, ...], torch.dtype] | None = None
         """(shape, dtype) of the J whose last step needed the exact Gram (see ``_exact_gram_expected``)."""
+        self._stacked_exact_gram_for: tuple[tuple[int, ...], torch.dtype] | None = None
+        """The same for the stacked rows [J; G_A] of a step with active inequality rows."""
+        self.active_set: list[int] = []
+        """The last step's active inequality rows (sorted; the next step's warm start). A diagnostic, not
+        state: a resumed run finds the same active set from a cold start."""
+        self.inequality_multipliers: Tensor | None = None
+        """The last step's inequality multipliers ((p,) float64, >= 0, 0 off the active set)."""
         self._check_groups()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -194,6 +209,9 @@ class ConstrainedOptimizer(Optimizer, ABC):
         self.__dict__.setdefault("_buffers", {})
         self.__dict__.setdefault("_view_cache", {})
         self.__dict__.setdefault("_exact_gram_for", None)
+        self.__dict__.setdefault("_stacked_exact_gram_for", None)
+        self.__dict__.setdefault("active_set", [])
+        self.__dict__.setdefault("inequality_multipliers", None)
 
     # ------------------------------------------------------------------ hyperparameters
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -347,7 +365,9 @@ class ConstrainedOptimizer(Optimizer, ABC):
         constraints: Tensor | None = None,
         jacobian: Tensor | None = None,
         diagnostics: bool = False,
-        constraint_closure: Callable[[], Tensor] | None = None,
+        constraint_closure: Callable[[], Any] | None = None,
+        inequalities: Tensor | None = None,
+        inequality_jacobian: Tensor | None = None,
     ) -> Any:
         """One step; g is read from ``p.grad``, c and J are given (J in the flat layout).
 
@@ -358,10 +378,15 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 ``view_as_real``).
             diagnostics: fill ``self.diagnostics`` with this step's diagnostics (0-dim tensors); when
                 False it is left empty (a stale value is never read as current).
-            constraint_closure: optional, returns c (shape (m,)) at the current parameters; given, the
-                step is followed by at most ``max_corrections`` Gauss-Newton corrections toward
-                max |c| <= tol (:mod:`~lit_constrained.optim.corrections`). It must return the same c on
-                every data-parallel rank.
+            constraint_closure: optional, returns c (shape (m,)) at the current parameters, or the
+                pair (c, g) when ``inequalities`` are given; given, the step is followed by at most
+                ``max_corrections`` Gauss-Newton corrections toward max |c| <= tol
+                (:mod:`~lit_constrained.optim.corrections`; with inequality rows on the rows E + A, and
+                a correction that pushes an inactive row over its bound counts as a worse one, undone).
+                It must return the same values on every data-parallel rank.
+            inequalities: g, shape (p,), rows that must stay <= 0 (bounds are rows of g), on optimizers
+                with ``accepts_inequalities`` (:mod:`~lit_constrained.optim.active_set`); ``None``: p = 0.
+            inequality_jacobian: G, shape (p, n), the Jacobian of g (flat layout, like J).
 
         A NaN/inf in g, c or J raises ``ValueError`` before anything changes.
         """
@@ -372,6 +397,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         if not params:
             return loss
         inputs = self._inputs(params, constraints, jacobian, loss)
+        self._inequality_inputs(inputs, inequalities, inequality_jacobian)
         projection = self._prepare(inputs.g, inputs.jacobian, inputs.c, inputs.state)
         projector = self._projector(projection, inputs)  # raises on non-finite inputs: nothing changed yet
         state = inputs.state
@@ -381,17 +407,106 @@ class ConstrainedOptimizer(Optimizer, ABC):
         composed = self._compose(projection, projector, inputs, record)
         inputs.layout.add_(inputs.reals, composed.delta)
         if "initial_violation" not in state:
-            state["initial_violation"] = inputs.c.abs().max() if inputs.m else inputs.c.new_zeros(())
-        if inputs.m and constraint_closure is not None and self.param_groups[0]["max_corrections"]:
-            self._correct(constraint_closure, projection, projector, inputs, composed.delta, record)
+            state["initial_violation"] = self._violation(inputs)
+        rows = inputs.m + (inputs.inequalities.p if inputs.inequalities is not None else 0)
+        if rows and constraint_closure is not None and self.param_groups[0]["max_corrections"]:
+            self._correct(constraint_closure, projection, composed.imposed or projector, inputs, composed.delta,
+                          record, composed.active)
         if record is not None:
             lr = float(self.param_groups[0]["lr"])
             record_step(record, state=state, factor=self._diagnostic_factor(projection, inputs.jacobian),
                         projector=projector, to_x=functools.partial(self._to_x, projection), c=inputs.c,
                         delta=composed.delta, scale=composed.scale, normal_norm=composed.normal_norm, lr=lr,
                         rho=self.rho)
+            if inputs.inequalities is not None:
+                self._record_inequalities(record, inputs)
             self.diagnostics = record
         return loss
+
+    # ------------------------------------------------------------------ inequality rows
+    def _inequality_inputs(self, inputs: StepInputs, inequalities: Tensor | None,
+                           inequality_jacobian: Tensor | None) -> None:
+        """Validate g and G and put them on ``inputs`` (their finiteness joins the step's host read)."""
+        if inequalities is None and inequality_jacobian is None:
+            self.active_set, self.inequality_multipliers = [], None
+            return
+        owner = type(self).__name__
+        if not self.accepts_inequalities:
+            raise TypeError(
+                f"{owner} takes no inequality rows (inequalities=); SQPAdam and SQPHeavyBall impose them."
+            )
+        n = inputs.layout.n
+        g, G = prepared_constraint_inputs(
+            f"{owner} (inequalities)", inequalities, inequality_jacobian, n, inputs.dtype, inputs.g.device,
+            lambda p: self._buffer("inequality_jacobian", (p, n), inputs.dtype, inputs.g.device),
+        )
+        if not g.numel():
+            self.active_set, self.inequality_multipliers = [], None
+            return
+        if len({float(group["lr"]) for group in self.param_groups}) > 1:
+            raise ValueError(
+                f"{owner}: inequality rows need one lr in all param groups (the active-set step projects one "
+                "tangential direction); the groups' lrs differ: give them one lr."
+            )
+        finite = torch.isfinite(g).all() & torch.isfinite(G.sum())
+        inputs.finite = finite if inputs.finite is None else inputs.finite & finite
+        inputs.inequalities = Inequalities(g, G)
+
+    def _violation(self, inputs: StepInputs) -> Tensor:
+        """max(max |c|, max(g, 0)) (0-dim float64): the violation the tolerances are relative to."""
+        violation = inputs.c.abs().max() if inputs.m else inputs.c.new_zeros(())
+        if inputs.inequalities is not None:
+            violation = torch.maximum(violation, inputs.inequalities.violation())
+        return violation
+
+    def _stacked_projector(self, inputs: StepInputs, rows: list[int]) -> Projector:
+        """The projector of [J; G_rows] (the step's factorization and refinement plan for those rows; the
+        exact-Gram memory of the stacked rows kept apart from that of J)."""
+        J, G = inputs.jacobian, inputs.inequalities.jacobian
+        m, n = J.shape
+        stacked = self._buffer("stacked_jacobian", (m + len(rows), n), J.dtype, J.device)
+        stacked[:m].copy_(J)
+        torch.index_select(G, 0, torch.tensor(rows, dtype=torch.long, device=G.device), out=stacked[m:])
+        equality_memory, self._exact_gram_for = self._exact_gram_for, self._stacked_exact_gram_for
+        try:
+            factor, finite, _ = self._scaled_factorize(stacked, None)
+            target = torch.zeros(m + len(rows), dtype=torch.float64, device=J.device)
+            stacked_inputs = StepInputs(inputs.layout, inputs.reals, inputs.dtype, inputs.g, target, stacked,
+                                        inputs.state)
+            projector = self._projector(Projection(stacked, factor, finite, target), stacked_inputs,
+                                        warn_dependent=False)
+            self._stacked_exact_gram_for = self._exact_gram_for
+        finally:
+            self._exact_gram_for = equality_memory
+        return projector
+
+    def _with_inequalities(self, projector: Projector, inputs: StepInputs, w: Tensor, a: float, sc: Tensor,
+                           fraction: Tensor, delta: Tensor) -> tuple[Projector, list[int]]:
+        """The step with the inequality rows into ``delta`` (:func:`~lit_constrained.optim.active_set.impose_inequalities`),
+        warm-started from the last step's active set; returns the imposed rows' projector and the active rows."""
+        warm = self.active_set
+        if not warm:
+            projector.merged(w, a, sc, delta)
+        result = impose_inequalities(
+            equality_projector=projector, stacked_projector=functools.partial(self._stacked_projector, inputs),
+            sc=sc, inequalities=inputs.inequalities, t=fraction, w=w, a=a, warm=warm,
+            rcond=float(self.param_groups[0]["rcond"]), delta=delta, equality_delta_formed=not warm,
+            owner=type(self).__name__,
+        )
+        self.active_set, self.inequality_multipliers = result.active, result.multipliers
+        return result.projector, result.active
+
+    def _record_inequalities(self, record: dict[str, Tensor], inputs: StepInputs) -> None:
+        """``active`` (rows), ``dual_max`` (the largest inequality multiplier) and the violation of both
+        kinds of rows (``violation_max``: max(max |c|, max(g, 0)) at the step's start)."""
+        device = inputs.g.device
+        record["active"] = torch.tensor(float(len(self.active_set)), dtype=torch.float64, device=device)
+        multipliers = self.inequality_multipliers
+        record["dual_max"] = (multipliers.max() if multipliers is not None and multipliers.numel()
+                              else torch.zeros((), dtype=torch.float64, device=device))
+        record["inequality_violation"] = inputs.inequalities.violation()
+        record["violation_max"] = self._violation(inputs)
+        record["violation_ratio"] = record["violation_max"] / state_violation(inputs.state)
 
     def _call_closure(self, closure: Callable[[], Any] | None) -> Any:
         """The closure's value (called under grad mode), or None."""
@@ -426,7 +541,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
                     state[key] = value.to(dtype)
         return StepInputs(layout, layout.reals(params), dtype, g, c, J, state, loss)
 
-    def _projector(self, projection: Projection, inputs: StepInputs) -> Projector:
+    def _projector(self, projection: Projection, inputs: StepInputs, warn_dependent: bool = True) -> Projector:
         """The one host read of the step: the inputs' finiteness, the refinement plan and the rank (a
         warning when the constraints are numerically dependent); raises before any change when a NaN/inf
         is found. The exact Gram replaces the blocked one where the plan asks for it."""
@@ -449,7 +564,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
         ]).tolist()
         if not read[0]:
             self._raise_nonfinite(inputs)
-        self._warn_if_dependent(int(read[3]), m, n, read[4])
+        if warn_dependent:
+            self._warn_if_dependent(int(read[3]), m, n, read[4])
         plan = RefinementPlan.decode((read[1], read[2]), m)  # (of the blocked Gram, at this conditioning)
         if projection.scaling is None:  # remember for the next step whether the blocked Gram suffices
             self._exact_gram_for = (tuple(J.shape), J.dtype) if plan.exact_gram else None
@@ -469,31 +585,56 @@ class ConstrainedOptimizer(Optimizer, ABC):
         """Update the state and form Delta x (in x) from the step's projector; :class:`MergedStepOptimizer`
         composes the merged step from a tangential direction, SQP-MoMo its own."""
 
-    def _correct(self, evaluate: Callable[[], Tensor], projection: Projection, projector: Projector,
-                 inputs: StepInputs, delta: Tensor, record: dict[str, Tensor] | None) -> None:
-        """The post-step corrections (:func:`~lit_constrained.optim.corrections.hold_feasibility`). None
+    def _correct(self, evaluate: Callable[[], Any], projection: Projection, projector: Projector,
+                 inputs: StepInputs, delta: Tensor, record: dict[str, Tensor] | None,
+                 active: list[int] | None = None) -> None:
+        """The post-step corrections (:func:`~lit_constrained.optim.corrections.hold_feasibility`) on the
+        rows the step imposed (``projector``: J, or [J; G_A] with ``active`` inequality rows). None
         follows a step whose normal step the safeguard capped (far from feasibility the linearization is
         not trusted, and an uncapped Gauss-Newton correction would take the step the cap refused).
-        Diagnostics: ``corrections`` (taken), ``step_fraction`` (tau) and ``corrected_violation`` (max |c|
-        after them; an evaluation of its own on diagnostic steps where none was made last)."""
+        Diagnostics: ``corrections`` (taken), ``step_fraction`` (tau) and ``corrected_violation`` (the
+        violation after them; an evaluation of its own on diagnostic steps where none was made last)."""
         state, group = inputs.state, self.param_groups[0]
         capped = state.get("normal_step_capped")
         taken, fraction, violation = 0, 1.0, math.nan
+        measure = None if inputs.inequalities is None else self._inequality_measure(evaluate, inputs, active or [])
         if capped is None or not bool(capped):
             tol = float(group["constraint_tol"]) * max(float(state["initial_violation"]), 1.0)
             result = hold_feasibility(
                 evaluate, projector, functools.partial(self._to_x, projection),
-                lambda step: inputs.layout.add_(inputs.reals, step), delta, tol, float(inputs.c.abs().max()),
-                int(group["max_corrections"]), lambda name: self._vector(name, delta),
+                lambda step: inputs.layout.add_(inputs.reals, step), delta, tol, float(self._violation(inputs)),
+                int(group["max_corrections"]), lambda name: self._vector(name, delta), measure,
             )
             taken, fraction, violation = result.taken, result.step_fraction, result.violation
         if record is not None:
             if math.isnan(violation):
-                violation = max_violation(evaluate, inputs.m)
+                violation = max_violation(evaluate, inputs.m) if measure is None else measure()[1]
             as_tensor = functools.partial(torch.tensor, dtype=torch.float64, device=delta.device)
             record["corrections"] = as_tensor(float(taken))
             record["step_fraction"] = as_tensor(fraction)
             record["corrected_violation"] = as_tensor(violation)
+
+    @staticmethod
+    def _inequality_measure(evaluate: Callable[[], Any], inputs: StepInputs, active: list[int]
+                            ) -> Callable[[], tuple[Tensor, float]]:
+        """The corrections' measure with inequality rows: the closure returns (c, g); the target is
+        [c; g_A] (the imposed rows), the violation max(max |c|, max(g, 0)) over every row."""
+        m, p = inputs.m, inputs.inequalities.p
+        rows = torch.tensor(active, dtype=torch.long, device=inputs.c.device)
+
+        def measure() -> tuple[Tensor, float]:
+            values = evaluate()
+            if not isinstance(values, (tuple, list)) or len(values) != 2:
+                raise ValueError(
+                    "constraint_closure must return the pair (c, g) when the step is given inequalities: c "
+                    f"of shape ({m},), g of shape ({p},), at the updated parameters."
+                )
+            c = evaluated_constraints(lambda: values[0], m).to(torch.float64)
+            g = evaluated_constraints(lambda: values[1], p).to(torch.float64)
+            violation = max(float(c.abs().max()) if m else 0.0, float(g.max().clamp_min(0.0)))
+            return torch.cat([c, g[rows]]), violation
+
+        return measure
 
     def _warn_if_dependent(self, rank: int, m: int, n: int, condition: float) -> None:
         """One warning per optimizer when the imposed constraints are numerically dependent (rank < m):
@@ -552,6 +693,8 @@ class MergedStepOptimizer(ConstrainedOptimizer):
         uniform = all(rate == lr for rate in lrs)
         a = lr * projection.tangent_scale
         delta = self._vector("delta", inputs.g)
+        if inputs.inequalities is not None:
+            return self._compose_with_inequalities(projection, projector, inputs, w, a, delta)
         if m == 0:  # no constraints: the unprojected direction, scaled by each group's lr
             if uniform:
                 torch.mul(w, a, out=delta)
@@ -587,6 +730,25 @@ class MergedStepOptimizer(ConstrainedOptimizer):
         self._to_x(projection, delta)
         return Composed(delta, scale, normal_norm)
 
+    def _compose_with_inequalities(self, projection: Projection, projector: Projector, inputs: StepInputs,
+                                   w: Tensor, a: float, delta: Tensor) -> Composed:
+        """The merged step with inequality rows (one lr in all groups: checked in ``_inequality_inputs``): the equality rows' safeguarded scale s tau as in the equality step, the
+        inequality rows at the fraction tau of their full normal step."""
+        c, rho = inputs.c, self.rho
+        lr = float(self.param_groups[0]["lr"])
+        if inputs.m:
+            s = 1.0 if rho == "full" else lr * float(rho)
+            direction = self._normal_direction(projection, c, a)
+            scale, normal_norm = normal_step_scale(self.param_groups[0]["max_normal_step"], rho, s, direction.norm,
+                                                   c, projection.factor, lambda: _norm(inputs.reals), inputs.state)
+            fraction = scale / s if s > 0 else torch.ones((), dtype=torch.float64, device=c.device)
+        else:
+            scale = fraction = torch.ones((), dtype=torch.float64, device=c.device)
+            normal_norm = torch.zeros((), dtype=torch.float64, device=c.device)
+        imposed, active = self._with_inequalities(projector, inputs, w, a, scale * c, fraction, delta)
+        self._to_x(projection, delta)
+        return Composed(delta, scale, normal_norm, imposed, active)
+
     def _mixed_lr_parts(self, projection: Projection, projector: Projector, w: Tensor, c: Tensor, delta: Tensor
                         ) -> Tensor:
         """Groups with different lrs: delta = P(diag(lr) T(a P~ w)) (a = tangent_scale); returns the
@@ -595,6 +757,11 @@ class MergedStepOptimizer(ConstrainedOptimizer):
         block_lrs = [(float(group["lr"]), block) for group, block in self._group_blocks()]
         mixed_lr_step(projector, tangent, block_lrs, self.param_groups[0]["rcond"], delta)
         return self._to_x(projection, projector.normal(c, torch.empty_like(w)))
+
+
+def state_violation(state: dict[str, Any]) -> Tensor:
+    """The first step's violation, the scale of the violation ratio (0-dim float64, at least TINY)."""
+    return state["initial_violation"].clamp_min(1e-30)
 
 
 def _norm(tensors: list[Tensor]) -> Tensor:

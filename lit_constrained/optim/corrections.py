@@ -67,8 +67,25 @@ def max_violation(evaluate: Callable[[], Tensor], m: int) -> float:
     return float(evaluated_constraints(evaluate, m).abs().max())
 
 
+Measure = Callable[[], tuple[Tensor, float]]
+"""Evaluates the constraints at the current parameters: (the values of the projector's rows, float64,
+the correction's target; the violation, max |c| for equality rows and the positive part of inequality
+rows, inactive ones included, so that a correction pushing an inactive row over its bound counts as
+making the violation worse)."""
+
+
+def equality_measure(evaluate: Callable[[], Tensor], m: int) -> Measure:
+    """The :data:`Measure` of equality rows only: c and max |c|."""
+
+    def measure() -> tuple[Tensor, float]:
+        c = evaluated_constraints(evaluate, m)
+        return c, float(c.abs().max())
+
+    return measure
+
+
 def hold_feasibility(
-    evaluate: Callable[[], Tensor],
+    evaluate: Callable[[], Tensor] | None,
     projector: Projector,
     to_x: Callable[[Tensor], Tensor],
     apply: Callable[[Tensor], None],
@@ -77,16 +94,20 @@ def hold_feasibility(
     violation_before: float,
     max_corrections: int,
     buffers: Callable[[str], Tensor],
+    measure: Measure | None = None,
 ) -> Corrected:
     """Correct the step ``delta`` (already applied by the caller) toward max |c| <= ``tol``.
 
     ``to_x`` maps a correction from the projection variables to x in place, ``apply`` adds an x-vector to
-    the parameters, ``buffers(name)`` returns a persistent n-vector of J's dtype."""
+    the parameters, ``buffers(name)`` returns a persistent n-vector of J's dtype. ``measure`` (for rows
+    other than equalities) replaces ``evaluate``: it returns the projector's rows and the violation."""
+    if measure is None:
+        measure = equality_measure(evaluate, projector.jacobian.shape[0])
     result = Corrected()
     accept_below = max(BACKTRACK_ABOVE_TOL * tol, BACKTRACK_GROWTH * violation_before)
     applied = buffers("corrections_applied").zero_()
     for backtrack in range(MAX_BACKTRACKS + 1):
-        taken, result.violation = _corrections(evaluate, projector, to_x, apply, tol, max_corrections,
+        taken, result.violation = _corrections(measure, projector, to_x, apply, tol, max_corrections,
                                                applied, buffers("correction_step"))
         result.taken += taken
         if backtrack == MAX_BACKTRACKS or result.violation <= accept_below:
@@ -99,17 +120,15 @@ def hold_feasibility(
 
 
 def _corrections(
-    evaluate: Callable[[], Tensor], projector: Projector, to_x: Callable[[Tensor], Tensor],
+    measure: Measure, projector: Projector, to_x: Callable[[Tensor], Tensor],
     apply: Callable[[Tensor], None], tol: float, max_corrections: int, applied: Tensor, correction: Tensor,
 ) -> tuple[int, float]:
     """The correction loop (each correction also added to ``applied``): the number taken and the last
     evaluated max |c|. Every correction is evaluated after, the last one allowed too, so that one which made
     max |c| worse is undone wherever it falls."""
-    m = projector.jacobian.shape[0]
     taken, previous = 0, math.inf
     while True:
-        c = evaluated_constraints(evaluate, m)
-        violation = float(c.abs().max())
+        c, violation = measure()
         if taken and not violation <= previous:  # the last correction made it worse (or NaN): undo it
             apply(correction.neg_())
             applied.add_(correction)

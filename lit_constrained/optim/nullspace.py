@@ -568,6 +568,7 @@ def merged_step(
     scaling: Scaling | None = None,
     exact: bool = True,
     scratch: Tensor | None = None,
+    multipliers: Tensor | None = None,
 ) -> Tensor:
     r"""out = a P w - J^+ (s c), merged: :math:`out = a w - J^T z`, :math:`z = G^+(sc + a J w)`.
 
@@ -580,9 +581,14 @@ def merged_step(
     ``scaling = (d, scratch)``: the same with the operator :math:`J D`, D = diag(d), in place of J
     (``factor`` then factors :math:`J D^2 J^T`, :func:`scaled_gram`); it is never formed: its
     products are :math:`J (d \odot v)` and :math:`d \odot (J^T z)`, through the n-vector ``scratch``.
+
+    ``multipliers``: an optional (m,) float64 tensor that receives z (before refinement: the
+    multipliers of the rows, e.g. the inequality rows' signs an active-set method reads).
     """
     if w is None:
         z = factor.solve(sc)
+        if multipliers is not None:
+            multipliers.copy_(z)
         if scaling is None:
             out.zero_()
             add_rmatvec_(out, J, z, alpha=-1.0)
@@ -591,7 +597,10 @@ def merged_step(
             scratch.addmv_(J.T, z.to(J.dtype), beta=0.0, alpha=-1.0)
             torch.mul(scratch, d, out=out)
     else:
-        z = factor.solve(sc + a * matvec(J, w, scaling)).to(J.dtype)
+        z = factor.solve(sc + a * matvec(J, w, scaling))
+        if multipliers is not None:
+            multipliers.copy_(z)
+        z = z.to(J.dtype)
         if scaling is None:
             torch.addmv(w, J.T, z, beta=a, alpha=-1.0, out=out)  # a w - J^T z in one pass
         else:  # a w - d (J^T z)

@@ -78,10 +78,12 @@ class Projector:
     scratch: Tensor | None = None
     """an n-vector for the exact refinement's corrections of the unscaled J (see ``refine_``)."""
 
-    def merged(self, w: Tensor | None, a: float, sc: Tensor, out: Tensor) -> Tensor:
-        """out = a P~ w - J~^+ (sc), refined (``w=None``: the normal step alone)."""
+    def merged(self, w: Tensor | None, a: float, sc: Tensor, out: Tensor, multipliers: Tensor | None = None
+               ) -> Tensor:
+        """out = a P~ w - J~^+ (sc), refined (``w=None``: the normal step alone); ``multipliers`` receives
+        the rows' multipliers z (see ``merged_step``)."""
         return merged_step(self.jacobian, self.factor, w, a, sc, self.plan.steps, out, self.workspace,
-                           self.scaling, self.plan.exact_residual, self.scratch)
+                           self.scaling, self.plan.exact_residual, self.scratch, multipliers)
 
     def unrefined(self, w: Tensor, a: float, out: Tensor) -> Tensor:
         """out = a P~ w without refinement (the caller adds a normal part and refines the sum)."""

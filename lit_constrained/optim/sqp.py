@@ -61,6 +61,8 @@ class SQPHeavyBall(MergedStepOptimizer):
     SGD (torch's ``SGD(momentum=beta)`` with ``h = 1``).
     """
 
+    accepts_inequalities = True
+
     def __init__(
         self,
         params: ParamsT,
@@ -140,6 +142,8 @@ class SQPAdam(MergedStepOptimizer):
         h: tangential scale, per group.
 {projection_args}
     """
+
+    accepts_inequalities = True
 
     def __init__(
         self,

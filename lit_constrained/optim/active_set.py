@@ -1,0 +1,286 @@
+r"""Inequality rows in the projected step: the dual of the linearized subproblem on the Gram matrix,
+solved by an active-set method warm-started from the last step's active set.
+
+The equality step is :math:`\Delta x = \arg\min \|\Delta x - a w\|^2` subject to
+:math:`J \Delta x = -s c` (w the optimizer's tangential direction, a its scale, s the normal-step
+scale; :mod:`~lit_constrained.optim.projection`). With p inequality rows :math:`g(x) \le 0` (G their
+Jacobian) the step solves, exactly,
+
+.. math::
+    \min_{\Delta x} \tfrac12 \|\Delta x - a w\|^2 \quad\text{s.t.}\quad J \Delta x + s c = 0,\qquad
+    G \Delta x + t g \le 0,
+
+with :math:`t` the safeguard's fraction of the full normal step (1 unless the safeguard caps the step:
+the inequality rows always take the full normal step, as ``rho="full"`` does for c). With
+:math:`\hat J = [J; G]`, :math:`b = [s c; t g]` and :math:`\Delta x = a w - \hat J^T \lambda`, the dual is
+the bound-constrained QP on the (m + p) x (m + p) Gram :math:`H = \hat J \hat J^T`,
+
+.. math::
+    \min_{\lambda} \tfrac12 \lambda^T H \lambda - \lambda^T q, \qquad q = b + a \hat J w, \qquad
+    \lambda_I \ge 0,
+
+whose KKT conditions are the primal ones: :math:`(H\lambda - q)_i = -(G_i \Delta x + t g_i) \ge 0` off
+the active set, :math:`\lambda_i \ge 0` on it, complementarity. :func:`solve_dual` solves it by the
+Lawson-Hanson active-set method (free equality multipliers, pseudo-inverse solves with the relative
+cutoff of :class:`~lit_constrained.optim.gram_factor.GramFactor`).
+
+The step itself (:func:`impose_inequalities`) is then the equality step on the rows E + A (A the active
+inequality rows, sorted), with the same rank-revealing factor and refinements. It is tried first with
+the last step's active set; only when that candidate violates a row or has a negative multiplier is the
+dual solved (one Gram of all m + p rows) and the step recomputed on the new active set. So the final
+step depends on the active set only, not on the warm start (resume stays bit-exact), and with no active
+row it is the equality step, bit for bit. Rows the linearization cannot satisfy together with the
+equalities (an empty feasible set) enter the active set anyway: the step is the least-squares
+(minimum-norm Gauss-Newton) compromise between the conflicting rows, finite, and a warning names them.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .nullspace import gram, matvec
+from .projection import Projector
+
+MAX_ROUNDS = 4
+"""Candidate steps per optimizer step: the warm start, the dual's active set, and two rounds that add a
+row the float32 check still finds violated (the dual's Gram and the step's refined products differ by
+round-off)."""
+CHECK_ULPS = 64.0
+"""A row counts as violated when :math:`G_i \\Delta x + t g_i` exceeds this many ulps of
+:math:`\\|G_i\\| \\|\\Delta x\\|` (the product's rounding bound) plus 4 float64 ulps of |t g_i|."""
+MULTIPLIER_TOL = 1e-9
+"""An active row leaves when its multiplier is below -MULTIPLIER_TOL * max |lambda| (round-off keeps a
+weakly active row's multiplier near 0 of either sign)."""
+
+
+@dataclass
+class Inequalities:
+    """The inequality rows of one step: g (float64, (p,)) and G (working dtype, (p, n)); ``g <= 0`` wanted."""
+
+    values: Tensor
+    jacobian: Tensor
+
+    @property
+    def p(self) -> int:
+        return self.values.numel()
+
+    def violation(self) -> Tensor:
+        """max(max_i g_i, 0) (0-dim float64)."""
+        if not self.p:
+            return self.values.new_zeros(())
+        return self.values.max().clamp_min(0.0)
+
+
+@dataclass
+class DualSolution:
+    """The dual's solution: the multipliers (float64, (m + p,): the equality rows' free, the inequality
+    rows' >= 0), the active inequality rows (sorted indices into 0..p-1) and the rows that conflict with
+    the others (their linearization cannot hold together with the rest)."""
+
+    multipliers: np.ndarray
+    active: list[int]
+    conflicting: list[int] = field(default_factory=list)
+    iterations: int = 0
+
+
+def _pseudo_solve(H: np.ndarray, q: np.ndarray, rows: list[int], rcond: float) -> np.ndarray:
+    """H[rows, rows]^+ q[rows] with the relative eigenvalue cutoff rcond^2 (the Gram factor's)."""
+    if not rows:
+        return np.zeros(0)
+    sub = H[np.ix_(rows, rows)]
+    values, vectors = np.linalg.eigh(sub)
+    largest = max(values[-1], 0.0)
+    keep = values > (rcond**2) * largest
+    inverse = np.where(keep, 1.0 / np.where(keep, values, 1.0), 0.0)
+    return vectors @ (inverse * (vectors.T @ q[rows]))
+
+
+def solve_dual(H: np.ndarray, q: np.ndarray, m: int, start: list[int], rcond: float,
+               max_iterations: int | None = None) -> DualSolution:
+    r"""The bound-constrained dual :math:`\min \tfrac12 \lambda^T H \lambda - q^T \lambda`,
+    :math:`\lambda_{m:} \ge 0` (rows 0..m-1 free), by the Lawson-Hanson active-set method from the
+    active inequality rows ``start`` (indices into 0..p-1).
+
+    Each iteration adds the inequality row whose primal residual :math:`(q - H\lambda)_i` is largest
+    (above a round-off tolerance), re-solves on the free set, and moves back along the segment to the
+    last feasible point while a multiplier would turn negative, dropping the rows that reach 0. A row
+    whose own multiplier is not positive right after it is added cannot be satisfied together with
+    the free rows (its linearization conflicts with them): it is set aside as conflicting."""
+    k = H.shape[0]
+    p = k - m
+    iterations_left = max_iterations if max_iterations is not None else 3 * k + 10
+    free = list(range(m)) + sorted(m + i for i in set(start) if 0 <= i < p)
+    lam = np.zeros(k)
+    while True:  # a feasible start: drop the warm rows whose multipliers come out negative
+        s = _pseudo_solve(H, q, free, rcond)
+        negative = [row for row, value in zip(free, s) if row >= m and value <= 0.0]
+        if not negative:
+            lam[free] = s
+            break
+        free = [row for row in free if row not in set(negative)]
+    conflicting: set[int] = set()
+    iterations = 0
+    scale = np.abs(H).max(initial=0.0)
+    while iterations < iterations_left:
+        iterations += 1
+        residual = q - H @ lam
+        tol = 1e-12 * (np.abs(q) + np.abs(H) @ np.abs(lam) + scale * 1e-12)
+        in_free = set(free)
+        candidates = [row for row in range(m, k) if row not in in_free and row not in conflicting
+                      and residual[row] > tol[row]]
+        if not candidates:
+            break
+        j = max(candidates, key=lambda row: residual[row])
+        trial = sorted(in_free | {j})
+        s = _pseudo_solve(H, q, trial, rcond)
+        if s[trial.index(j)] <= 0.0:
+            conflicting.add(j)
+            continue
+        free = trial
+        while True:
+            blocking = [(row, value) for row, value in zip(free, s) if row >= m and value <= 0.0]
+            if not blocking:
+                lam[:] = 0.0
+                lam[free] = s
+                break
+            current = lam[free]
+            alpha = min(current[free.index(row)] / (current[free.index(row)] - value) for row, value in blocking)
+            lam[free] = current + alpha * (s - current)
+            free = [row for row in free if row < m or lam[row] > 0.0]
+            lam[[row for row in range(m, k) if row not in set(free)]] = 0.0
+            s = _pseudo_solve(H, q, free, rcond)
+    return DualSolution(lam, [row - m for row in free if row >= m], sorted(row - m for row in conflicting),
+                        iterations)
+
+
+@dataclass
+class ActiveSetStep:
+    """The outcome of :func:`impose_inequalities`: the projector of the rows E + A the step imposed (its
+    ``jacobian`` is [J; G_A]), the target b = [s c; t g_A] it imposed them to, the active rows (sorted),
+    the inequality rows' multipliers ((p,), float64, 0 off A) and the candidate steps taken."""
+
+    projector: Projector
+    target: Tensor
+    active: list[int]
+    multipliers: Tensor
+    rounds: int
+    conflicting: list[int]
+
+
+def impose_inequalities(
+    *,
+    equality_projector: Projector,
+    stacked_projector: Callable[[list[int]], Projector],
+    sc: Tensor,
+    inequalities: Inequalities,
+    t: Tensor,
+    w: Tensor,
+    a: float,
+    warm: list[int],
+    rcond: float,
+    delta: Tensor,
+    equality_delta_formed: bool,
+    owner: str,
+) -> ActiveSetStep:
+    """The step with inequality rows, into ``delta`` (see the module docstring).
+
+    ``equality_projector`` is the step's projector of J alone; ``stacked_projector(rows)`` factorizes
+    [J; G_rows] the same way (its Gram, rank cutoff and refinement plan). ``delta`` holds the equality
+    step already when ``equality_delta_formed`` (the warm start is empty). ``t`` is the inequality rows'
+    normal-step fraction (0-dim float64)."""
+    g, G = inequalities.values, inequalities.jacobian
+    m = sc.numel()
+    tg = t * g
+    active = sorted(set(i for i in warm if 0 <= i < inequalities.p))
+    multipliers = torch.zeros(inequalities.p, dtype=torch.float64, device=g.device)
+    conflicting: list[int] = []
+    for rounds in range(1, MAX_ROUNDS + 1):
+        projector, target = _candidate(equality_projector, stacked_projector, sc, tg, active)
+        z = torch.empty(target.numel(), dtype=torch.float64, device=g.device)
+        if active or not equality_delta_formed or rounds > 1:
+            projector.merged(w, a, target, delta, multipliers=z)
+        else:  # the equality step is in delta already; its multipliers are not needed
+            z.zero_()
+        violated, dropped = _check(G, tg, delta, z[m:], active)
+        if not violated and not dropped:
+            break
+        if rounds == MAX_ROUNDS:
+            break
+        if rounds == 1 or dropped:
+            solution = _dual(equality_projector.jacobian, G, sc, tg, w, a, m, active + violated, rcond)
+            conflicting = solution.conflicting
+            new = sorted(set(solution.active) | set(conflicting))
+            if new == active:  # the dual agrees with the candidate up to round-off: add what the check saw
+                new = sorted(set(active) | set(violated))
+        else:
+            new = sorted(set(active) | set(violated))
+        if new == active:
+            break
+        active = new
+    if active:
+        multipliers[active] = z[m:].clamp_min(0.0)
+    if conflicting:
+        _warn_conflicting(owner, conflicting)
+    return ActiveSetStep(projector, target, active, multipliers, rounds, conflicting)
+
+
+def _candidate(equality_projector: Projector, stacked_projector: Callable[[list[int]], Projector],
+               sc: Tensor, tg: Tensor, active: list[int]) -> tuple[Projector, Tensor]:
+    if not active:
+        return equality_projector, sc
+    rows = torch.tensor(active, dtype=torch.long, device=tg.device)
+    return stacked_projector(active), torch.cat([sc, tg[rows]])
+
+
+def _check(G: Tensor, tg: Tensor, delta: Tensor, active_multipliers: Tensor, active: list[int]
+           ) -> tuple[list[int], list[int]]:
+    """The candidate's KKT check (one pass over G and one host read): the inactive rows that
+    :math:`G_i \\Delta x + t g_i \\le 0` does not hold for (beyond round-off, ``CHECK_ULPS``), and the
+    active rows whose multipliers are negative (beyond ``MULTIPLIER_TOL``)."""
+    residual = matvec(G, delta) + tg
+    if active:
+        residual[active] = -math.inf
+        floor = -MULTIPLIER_TOL * active_multipliers.abs().max().clamp_min(1e-300)
+        read = torch.cat([residual, (active_multipliers < floor).to(torch.float64)]).tolist()
+    else:
+        read = residual.tolist()
+    p = tg.numel()
+    positive = [i for i in range(p) if read[i] > 0.0]
+    dropped = [active[j] for j, flag in enumerate(read[p:]) if flag]
+    if not positive:
+        return [], dropped
+    rows = torch.tensor(positive, dtype=torch.long, device=G.device)
+    eps = torch.finfo(G.dtype).eps
+    bound = (CHECK_ULPS * eps * torch.linalg.vector_norm(G[rows], dim=1).to(torch.float64)
+             * torch.linalg.vector_norm(delta).to(torch.float64)
+             + 4 * torch.finfo(torch.float64).eps * tg[rows].abs())
+    over = (torch.tensor([read[i] for i in positive], dtype=torch.float64, device=G.device) > bound).tolist()
+    return [i for i, flag in zip(positive, over) if flag], dropped
+
+
+def _dual(J: Tensor, G: Tensor, sc: Tensor, tg: Tensor, w: Tensor, a: float, m: int, start: list[int],
+          rcond: float) -> DualSolution:
+    """The dual on the Gram of all m + p rows (float64, from the blocked products), solved on the host."""
+    stacked = torch.cat([J, G]) if m else G
+    H = gram(stacked)
+    q = torch.cat([sc, tg]) + a * matvec(stacked, w)
+    return solve_dual(H.cpu().numpy(), q.cpu().numpy(), m, start, rcond)
+
+
+def _warn_conflicting(owner: str, rows: list[int]) -> None:
+    shown = ", ".join(str(i) for i in rows[:10]) + (f", ... ({len(rows)} rows)" if len(rows) > 10 else "")
+    warnings.warn(
+        f"{owner}: the linearized inequality rows {shown} (indices into the inequalities) cannot hold "
+        "together with the equalities and the other active rows (an empty feasible set of the "
+        "linearization at this step): the step imposes their least-squares compromise (finite; they stay "
+        "violated). Check that the bounds and the equalities are compatible (an obstacle above a boundary "
+        "value, a bound that contradicts a conservation law).",
+        RuntimeWarning, stacklevel=2,
+    )
