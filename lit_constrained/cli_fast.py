@@ -113,7 +113,7 @@ def _nearest(name: str, choices: frozenset[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def _config_paths(args: Sequence[str]) -> list[str]:
+def config_paths(args: Sequence[str]) -> list[str]:
     """The values of ``-c``/``--config`` in ``args`` (``--config X`` and ``--config=X``)."""
     paths = []
     for index, arg in enumerate(args):
@@ -135,7 +135,7 @@ def _option_names(args: Sequence[str]) -> list[str]:
     return names
 
 
-def _read_config(path: str) -> dict:
+def read_config(path: str) -> dict:
     import yaml  # PyYAML: imported in milliseconds
 
     if not os.path.isfile(path):
@@ -171,7 +171,7 @@ def _check_keys(where: str, keys: Sequence[str], section: str, allowed: frozense
 def preflight(subcommand: str, args: Sequence[str]) -> None:
     """Raise :class:`PreflightError` for what can be checked of ``lit-constrained <subcommand> <args>``
     without importing Lightning (see the module docstring); return quietly otherwise."""
-    configs = [(path, _read_config(path)) for path in _config_paths(args)]
+    configs = [(path, read_config(path)) for path in config_paths(args)]
     signatures = _trainer_signatures()
     if signatures is None or subcommand not in signatures:
         return
@@ -303,6 +303,18 @@ def _init_args(spec: object) -> tuple[str | None, dict]:
         init = spec.get("init_args")
         return spec["class_path"], init if isinstance(init, dict) else {}
     return None, {}
+
+
+def class_path_of_spec(spec: object) -> str | None:
+    """The ``class_path`` of a config's class spec (a dict or a bare class path), or None."""
+    return _init_args(spec)[0]
+
+
+def own_arguments(class_path: str) -> tuple[str, ...]:
+    """The arguments the ``__init__`` of ``class_path``'s own class names, read from its source (a task
+    in a file next to the config, or of this package); () when it has none or cannot be read so."""
+    resolved = _resolve(class_path, "")
+    return resolved[1].names or () if resolved is not None else ()
 
 
 def _unknown_arguments(class_path: str | None, given: Iterator[str] | Sequence[str], default_module: str

@@ -7,6 +7,10 @@ optimizer arguments, and the run's resolved config saved without touching the us
 * Switching a class on the command line (``--model.optimizer torch.optim.Adam`` over a config that
   gave ``SQPAdam`` with ``rho``, ``h``) keeps the init args the new class takes; jsonargparse would drop
   the others silently, :func:`check_no_dropped_init_args` makes that an error naming them.
+* An optimizer argument given where no optimizer is named (``--model.init_args.optimizer.init_args.lr
+  1e-2`` over a config that leaves the default): jsonargparse would give it to the base class
+  ``torch.optim.Optimizer`` (which takes no ``lr``); :func:`with_the_default_optimizer` names the default
+  optimizer's class first, so the argument reaches the optimizer the run uses.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import logging
 import re
 import sys
 import textwrap
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 
+from lit_constrained import cli_fast
 from lit_constrained.class_spec import import_class
 from lit_constrained.hints import cli_error_hint
 
@@ -186,6 +192,77 @@ def check_no_dropped_init_args(argv: list[str]) -> str | None:
         + "\nGive the new class with all its arguments instead, e.g. "
         "--model.optimizer '{class_path: torch.optim.Adam, init_args: {lr: 0.001}}', or edit the config."
     )
+
+
+#: an option of the model's optimizer: --model[.init_args].optimizer[.<rest>] (group 1: the rest)
+_OPTIMIZER_OPTION = re.compile(r"^model\.(?:init_args\.)?optimizer(?:\.(.+))?$")
+
+_LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+def _names_optimizer(model: Any) -> bool:
+    """Whether a config's ``model`` section (a dict, a class path) gives an ``optimizer``."""
+    if not isinstance(model, dict):
+        return False
+    init_args = model.get("init_args")
+    return "optimizer" in model or (isinstance(init_args, dict) and "optimizer" in init_args)
+
+
+def with_the_default_optimizer(args: Sequence[str], default_class_path: str) -> list[str]:
+    """``args`` (a LightningCLI command line, ``[top-level options] [subcommand] <options>``) with
+    ``--model.init_args.optimizer=<default_class_path>`` inserted before the first option that sets an
+    argument of the model's optimizer (``--model.init_args.optimizer.init_args.lr 1e-2``, or its short
+    forms ``--model.optimizer.lr``, ...) when nothing names the optimizer's class: no config (read as
+    YAML) gives the model an ``optimizer``, no option gives ``--model[.init_args].optimizer`` or a whole
+    ``--model``/``--model.init_args`` mentioning it, and the task's own ``__init__`` (where its source can
+    be read, :mod:`lit_constrained.cli_fast`) has no ``optimizer`` default of its own.
+
+    Why: :class:`~lit_constrained.module.ConstrainedModule`'s default optimizer is a function (so that a
+    config naming another class starts from that class's own defaults), and jsonargparse, given an
+    argument for it without a class, takes the annotation's base class ``torch.optim.Optimizer``, which
+    takes no ``lr``. Otherwise ``args`` is returned as it is (a config that cannot be read: its error is
+    LightningCLI's to report)."""
+    args = [str(a) for a in args]
+    end = args.index("--") if "--" in args else len(args)
+    after_config, split = False, None
+    for index, arg in enumerate(args[:end]):
+        if arg in _LIGHTNING_SUBCOMMANDS and not after_config:
+            split = index
+            break
+        after_config = arg in ("-c", "--config")
+    top, own, subcommand = (args[:split], args[split + 1:end], args[split]) if split is not None else ([], args[:end], None)
+    first = None
+    for index, arg in enumerate(own):
+        if not arg.startswith("--"):
+            continue
+        name, equals, value = arg[2:].partition("=")
+        if not equals:
+            value = own[index + 1] if index + 1 < len(own) else ""
+        if name in ("model", "model.init_args") and "optimizer" in value:
+            return args
+        match = _OPTIMIZER_OPTION.match(name)
+        if match is None or match.group(1) == "help":
+            continue
+        if match.group(1) in (None, "class_path"):
+            return args  # the class is named on the command line
+        if first is None:
+            first = index
+    if first is None:
+        return args
+    try:
+        sections = [content.get(subcommand) if subcommand else content
+                    for content in map(cli_fast.read_config, cli_fast.config_paths(top))]
+        sections += [cli_fast.read_config(path) for path in cli_fast.config_paths(own)]
+    except cli_fast.PreflightError:
+        return args
+    models = [section.get("model") for section in sections if isinstance(section, dict) and section.get("model")]
+    if any(_names_optimizer(model) for model in models):
+        return args
+    model_class = cli_fast.class_path_of_spec(models[-1]) if models else None
+    if model_class is not None and "optimizer" in cli_fast.own_arguments(model_class):
+        return args  # the task's __init__ has an optimizer default of its own
+    offset = (split + 1) if split is not None else 0
+    return [*args[:offset + first], f"--model.init_args.optimizer={default_class_path}", *args[offset + first:]]
 
 
 class RunConfigSaver(SaveConfigCallback):

@@ -5,6 +5,7 @@ option away, wrapped at spaces only."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -173,3 +174,84 @@ def test_the_early_checks_read_the_installed_trainer() -> None:
     for method in ("__init__", "fit", "validate", "test", "predict"):
         installed = set(inspect.signature(getattr(pl.Trainer, method)).parameters) - {"self"}
         assert read[method] == installed, method
+
+
+# --- issue 37: the mistakes a user meets next ---------------------------------------------------------
+
+
+def readme_example(directory: Path, max_steps: int = 2) -> None:
+    """The README's "A new task" files (exp_fit.py, exp_fit.yaml) in ``directory``, the config cut to
+    ``max_steps`` steps, no logger and no checkpoint (a test's run, not the README's)."""
+    from tests.test_readme import code_blocks, readme_section
+
+    for _, body in code_blocks(readme_section("A new task")):
+        first = body.splitlines()[0]
+        if first.startswith("# exp_fit."):
+            if first.endswith(".yaml"):
+                body = body.replace("max_steps: 300", f"max_steps: {max_steps}")
+                body = body.replace("trainer:\n", "trainer:\n  logger: false\n  enable_checkpointing: false\n", 1)
+                assert f"max_steps: {max_steps}" in body
+            (directory / first[2:].strip()).write_text(body)
+
+
+LR_OVERRIDE = ["--model.init_args.optimizer.init_args.lr", "1e-2"]
+
+
+def test_the_readmes_lr_override_trains_the_readmes_example(tmp_path: Path) -> None:
+    """README: "override anything from the command line, e.g. --model.init_args.optimizer.init_args.lr";
+    its own example names no optimizer (the default). Before: "Optimizer takes no 'lr'", AdamCon suggested."""
+    readme_example(tmp_path)
+    result = run_console(["fit", "--config", "exp_fit.yaml", *LR_OVERRIDE], tmp_path)
+    assert result["status"] in (0, None), result["stderr"][-2000:]
+    assert "takes no 'lr'" not in result["stderr"] and re.search(r"steps +2 in", result["stdout"]), result["stdout"]
+
+
+@pytest.mark.parametrize("option", ["--model.init_args.optimizer.init_args.lr", "--model.optimizer.lr",
+                                    "--model.init_args.optimizer.lr", "--model.optimizer.init_args.lr"])
+def test_an_lr_override_of_the_default_optimizer_reaches_sqp_adam(tmp_path: Path, monkeypatch, option: str) -> None:
+    import torch
+
+    from lit_constrained.cli import ConstrainedCLI
+    from lit_constrained.optim import SQPAdam
+
+    readme_example(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
+    cli = ConstrainedCLI(args=["--config", "exp_fit.yaml", option, "1e-2"], run=False)
+    optimizer = cli.model.configure_optimizers()
+    optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
+    assert type(optimizer) is SQPAdam and optimizer.param_groups[0]["lr"] == 1e-2
+    # the rest are SQPAdam's own defaults, as with no override
+    assert optimizer.defaults["eps"] == SQPAdam([torch.zeros(1, requires_grad=True)]).defaults["eps"]
+    assert cli.model.hparams.optimizer["class_path"].rsplit(".", 1)[-1] == "SQPAdam"
+    sys.modules.pop("exp_fit", None)
+
+
+def test_the_default_optimizer_is_named_only_where_nothing_names_one(tmp_path: Path, monkeypatch) -> None:
+    from lit_constrained.cli_parsing import with_the_default_optimizer as named
+
+    monkeypatch.chdir(tmp_path)
+    readme_example(tmp_path)
+    (tmp_path / "adam.yaml").write_text("model:\n  init_args:\n    optimizer: {class_path: torch.optim.Adam}\n")
+    (tmp_path / "top.yaml").write_text("fit:\n  model:\n    class_path: exp_fit.ExpFit\n    init_args:\n"
+                                       "      optimizer: lit_constrained.optim.AdamCon\n")
+    default = "lit_constrained.optim.SQPAdam"
+    given = ["fit", "--config", "exp_fit.yaml", "--trainer.max_steps", "3", *LR_OVERRIDE]
+    assert named(given, default) == [*given[:5], f"--model.init_args.optimizer={default}", *LR_OVERRIDE]
+    unchanged = [
+        ["fit", "--config", "exp_fit.yaml", *LR_OVERRIDE, "--model.optimizer", "AdamCon"],
+        ["fit", "--config", "exp_fit.yaml", "--model.init_args.optimizer.class_path=AdamCon", *LR_OVERRIDE],
+        ["fit", "--config", "exp_fit.yaml", "--config", "adam.yaml", *LR_OVERRIDE],
+        ["--config", "top.yaml", "fit", *LR_OVERRIDE],
+        ["fit", "--config", "exp_fit.yaml", "--model.optimizer.help", "SQPAdam"],
+        ["fit", "--config", "exp_fit.yaml", "--trainer.max_steps", "3"],
+        ["fit", "--config", "missing.yaml", *LR_OVERRIDE],
+    ]
+    for args in unchanged:
+        assert named(args, default) == args, args
+    # a task whose __init__ has an optimizer default of its own keeps it
+    (tmp_path / "own.py").write_text("class Own:\n    def __init__(self, optimizer=None, **kwargs):\n        pass\n")
+    (tmp_path / "own.yaml").write_text("model: {class_path: own.Own}\n")
+    args = ["fit", "--config", "own.yaml", *LR_OVERRIDE]
+    assert named(args, default) == args

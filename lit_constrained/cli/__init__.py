@@ -41,8 +41,8 @@ from lit_constrained.callbacks.progress import LineProgress
 from lit_constrained.callbacks.watchdog import LauncherWatchdog
 from lit_constrained.checkpoint_integrity import read_checkpoint
 from lit_constrained.class_spec import TRUSTED_MODULES, check_checkpoint_names, class_paths_in
-from lit_constrained.cli_parsing import ConstrainedArgumentParser, RunConfigSaver
-from lit_constrained.module import ConstrainedModule
+from lit_constrained.cli_parsing import ConstrainedArgumentParser, RunConfigSaver, with_the_default_optimizer
+from lit_constrained.module import DEFAULT_OPTIMIZER, ConstrainedModule
 
 
 class ConstrainedCLI(LightningCLI):
@@ -86,10 +86,17 @@ class ConstrainedCLI(LightningCLI):
         * Without LightningCLI's warning about ``args`` given next to a command line: the package's
           entry points (the console script, the comparison's workers) pass the command line they
           dispatch as ``args``.
+        * An argument of the optimizer where no optimizer is named (``--model.init_args.optimizer.init_args.lr
+          1e-2`` over a config that leaves the default) goes to the default optimizer
+          (:func:`~lit_constrained.cli_parsing.with_the_default_optimizer`).
         * ``--ckpt_path``: LightningCLI reads the checkpoint's hyper-parameters into the config right
           after this hook returns (importing every class path they name); only class paths of trusted
           modules may be named there, checked here, before (:func:`check_trusted_checkpoint`).
         """
+        if isinstance(args, (list, tuple)) or args is None:
+            given = list(sys.argv[1:] if args is None else args)
+            named = with_the_default_optimizer(given, DEFAULT_OPTIMIZER["class_path"])
+            args = named if named != given else args
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_ARGS_WITH_COMMAND_LINE_WARNING)
             super().parse_arguments(parser, args)
