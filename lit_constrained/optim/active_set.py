@@ -243,15 +243,22 @@ def _check(G: Tensor, tg: Tensor, delta: Tensor, active_multipliers: Tensor, act
            ) -> tuple[list[int], list[int]]:
     """The candidate's KKT check (one pass over G and one host read): the inactive rows that
     :math:`G_i \\Delta x + t g_i \\le 0` does not hold for (beyond round-off, ``CHECK_ULPS``), and the
-    active rows whose multipliers are negative (beyond ``MULTIPLIER_TOL``)."""
+    active rows whose multipliers are negative (beyond ``MULTIPLIER_TOL``). It is also where a NaN/inf in
+    G shows (no pass of its own: the step's one finiteness read covers g, J and the gradient); raised
+    before the parameters change (the optimizer's moments of this step are updated by then)."""
     residual = matvec(G, delta) + tg
     if active:
-        residual[active] = -math.inf
+        residual[active] = -1.0  # (not checked: their multipliers are)
         floor = -MULTIPLIER_TOL * active_multipliers.abs().max().clamp_min(1e-300)
         read = torch.cat([residual, (active_multipliers < floor).to(torch.float64)]).tolist()
     else:
         read = residual.tolist()
     p = tg.numel()
+    if not all(math.isfinite(value) for value in read[:p]):
+        raise ValueError(
+            "The inequality jacobian G (or the step) is not finite: G delta holds NaN/inf; the parameters were "
+            "not changed (check the inequality rows' residuals and their derivatives at this point)."
+        )
     positive = [i for i in range(p) if read[i] > 0.0]
     dropped = [active[j] for j, flag in enumerate(read[p:]) if flag]
     if not positive:

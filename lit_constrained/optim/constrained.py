@@ -448,7 +448,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 f"{owner}: inequality rows need one lr in all param groups (the active-set step projects one "
                 "tangential direction); the groups' lrs differ: give them one lr."
             )
-        finite = torch.isfinite(g).all() & torch.isfinite(G.sum())
+        finite = torch.isfinite(g).all()  # (a NaN/inf in G shows in the active-set check's G delta)
         inputs.finite = finite if inputs.finite is None else inputs.finite & finite
         inputs.inequalities = Inequalities(g, G)
 
