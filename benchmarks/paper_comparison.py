@@ -1,14 +1,13 @@
-"""Run a task's comparison grid at the paper's budget in the background, committing the run records as it goes.
+"""Run a task's comparison grid at the paper's budget in the background, committing its report as it goes.
 
-The grid (``lit-constrained compare``, one worker process, one torch thread) writes its run records
-and report to ``docs/compare/<task>/`` (committed: small JSON records, tables, figures) and its
-configs and logs to ``results/compare/<task>/`` (git-ignored). Runs have no TensorBoard logger
-(``--tensorboard`` adds it): rendering the task's prediction figure at every validation costs about as
-much as the training on the spring task. Every
-``--commit-every`` minutes and at the end the report is redrawn from the records and
-``docs/compare/<task>/`` is committed (nothing else), so a session that ends mid-grid loses at most
-the runs in flight; running the same command again skips every recorded run. Stopping the driver
-(``kill``, Ctrl-C) stops the grid and its workers.
+The grid (``lit-constrained compare``, one worker process, one torch thread) writes its run records,
+report, configs and logs to ``results/compare/<task>/`` (git-ignored: the JSON run records stay out of
+the repository). Runs have no TensorBoard logger (``--tensorboard`` adds it): rendering the task's
+prediction figure at every validation costs about as much as the training on the spring task. Every
+``--commit-every`` minutes and at the end the report is redrawn from the records and its reference part
+goes to ``docs/compare/<task>/``: ``table.md``, ``verdict.md`` and ``runs.csv`` (one line of final
+values per run, :func:`write_runs_csv`), which alone are committed. Running the same command again
+skips every recorded run. Stopping the driver (``kill``, Ctrl-C) stops the grid and its workers.
 
 The grid runs the committed code (``git archive HEAD`` into ``results/compare/code-<commit>/``), not
 the working tree, which other engineers may be editing; ``--working-tree`` runs the working tree.
@@ -20,7 +19,10 @@ the working tree, which other engineers may be editing; ``--working-tree`` runs 
 from __future__ import annotations
 
 import argparse
+import csv
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +31,50 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+#: The columns of ``runs.csv``: the run's grid coordinates, then its final values (``summary``).
+RUN_COLUMNS = ("name", "label", "method", "rho_variant", "rho", "lr", "mode", "seed", "max_epochs", "status")
+SUMMARY_COLUMNS = ("epochs", "steps", "objective", "train_objective", "test_error", "violation_max",
+                   "val_violation_max", "time_per_step_s")
+
+
+def _number(value: float) -> str:
+    """A whole number as such (epochs, steps), any other to 4 significant digits."""
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:.4g}"
+
+
+def write_runs_csv(runs_dir: Path, csv_path: Path) -> int:
+    """One line per run record of ``runs_dir`` (``*.json``, sorted by name): :data:`RUN_COLUMNS` and the
+    summary's :data:`SUMMARY_COLUMNS` (empty where a record lacks one; whole numbers as such, others to 4
+    significant digits).
+    Returns the number of runs written."""
+    rows = []
+    for path in sorted(runs_dir.glob("*.json")):
+        record = json.loads(path.read_text())
+        spec, summary = record.get("spec", {}), record.get("summary", {})
+        row = {"name": record.get("name", path.stem), "label": record.get("label", ""),
+               "status": record.get("status", ""), **{k: spec.get(k, "") for k in RUN_COLUMNS[2:-1]}}
+        for key in SUMMARY_COLUMNS:
+            value = summary.get(key)
+            row[key] = "" if value is None else _number(float(value))
+        rows.append(row)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(csv_path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[*RUN_COLUMNS, *SUMMARY_COLUMNS], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return len(rows)
+
+
+def publish(work: Path, reference: Path) -> int:
+    """Copy the report's reference part from ``work`` to ``reference``: ``table.md``, ``verdict.md`` and
+    ``runs.csv`` (from ``work/runs``). Returns the number of runs."""
+    reference.mkdir(parents=True, exist_ok=True)
+    for name in ("table.md", "verdict.md"):
+        if (work / name).is_file():
+            shutil.copyfile(work / name, reference / name)
+    return write_runs_csv(work / "runs", reference / "runs.csv")
 
 
 def log(path: Path, message: str) -> None:
@@ -86,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tensorboard", action="store_true", help="a TensorBoard logger per run (slower)")
     args, extra = p.parse_known_args(argv)
 
-    records = ROOT / "docs" / "compare" / args.task
-    work = ROOT / "results" / "compare" / args.task
+    records = ROOT / "docs" / "compare" / args.task  # the committed reference part of the report
+    work = ROOT / "results" / "compare" / args.task  # records, report, configs and logs (git-ignored)
     work.mkdir(parents=True, exist_ok=True)
     log_path = work / "driver.log"
     code = ROOT if args.working_tree else snapshot(ROOT / "results" / "compare")
     command = [sys.executable, "-m", "lit_constrained.compare", "--task", args.task, "--rho", args.rho,
-               "--out", str(records), "--work-dir", str(work), "--jobs", "1", "--threads", "1", "--no-progress",
+               "--out", str(work), "--work-dir", str(work), "--jobs", "1", "--threads", "1", "--no-progress",
                *(["--budget-fraction", str(args.budget_fraction)] if args.budget_fraction is not None else []),
                *([] if args.tensorboard else ["--no-tensorboard"]),
                *extra]
@@ -105,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
             return
         header = next((line for line in report.stdout.splitlines() if line.startswith("# ")), "")
         log(log_path, f"report: {header}")
+        done = publish(work, records)
         if not args.no_commit:
-            done = len(list((records / "runs").glob("*.json")))
-            commit_records(records, f"compare records: {args.task}, {done} run records ({note})", log_path)
+            commit_records(records, f"compare records: {args.task}, {done} runs ({note})", log_path)
 
     log(log_path, f"start: {' '.join(command)} (code: {code})")
     if args.report_only:
