@@ -9,7 +9,7 @@ no host sync and no data-dependent shapes). Two backends of the same factor:
 * ``torch.linalg.eigh`` on the Gram's device (GPU, or a CPU Gram of order at most ``EIGH_MAX_SIZE``);
 * a CPU Gram larger than that: LAPACK's rank-revealing pivoted Cholesky factorization
   (:class:`PivotedGramFactor`, :mod:`~lit_constrained.optim.pivoted_cholesky`), the same cutoff on the
-  singular values of J at :math:`m^3/3` flops instead of eigh's :math:`\sim 9 m^3` (docs/scale.md).
+  singular values of J at :math:`m^3/3` flops instead of eigh's :math:`\sim 9 m^3` (docs/optim_measurements.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .pivoted_cholesky import HostCholesky
 EIGH_MAX_SIZE = 64
 """The largest m whose CPU Gram matrix is factored by ``eigh``; a larger one is factored by the pivoted
 Cholesky factorization (below it the m x m algebra costs microseconds either way; the measured costs:
-docs/optim_measurements.md, large m, and docs/scale.md)."""
+docs/optim_measurements.md, large m, and "At scale")."""
 
 
 @dataclass

@@ -62,7 +62,7 @@ JACOBIAN_BUDGET_RATIO = 2.0
 """The default budget's share of J's own bytes: chemistry at m = 300 (J 10.3 MiB) took all its points in one
 chunk of ~3x J under a flat 64 MiB, the step's peak RSS above Adam(unc) 4.6x J; with 2x J (20.5 MiB, two
 chunks) 3.95x, with 1.5x 3.6x but 3.9x at m = 1 000 (against 3.6x with its full 64 MiB, which 2x J keeps);
-the Jacobian at m = 300 no slower with two chunks (8.0 against 10.0 ms at 16 MiB; docs/scale.md)."""
+the Jacobian at m = 300 no slower with two chunks (8.0 against 10.0 ms at 16 MiB; docs/optim_measurements.md, "At scale")."""
 
 
 def default_memory_budget(jacobian_bytes: int) -> int:

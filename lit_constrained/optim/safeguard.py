@@ -16,7 +16,7 @@ decrease of the violation on the capped steps,
 (:data:`ADAPTIVE_NORMAL_STEP`), applied only where the normal step was large enough to be capped:
 uncapped steps leave the radius alone, so no step is slowed where the linearization is good. Everything
 is a tensor operation (:math:`\|J^+ c\|^2 = c^T G^+ c` costs no pass over J): no host sync. Why the scale
-is fixed rather than the current ||x_k||: docs/scale.md, section 5.
+is fixed rather than the current ||x_k||: docs/optim_measurements.md, "At scale", the Poisson sweep.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 At m = 3 000 an m x m float64 matrix is 72 MB, two thirds of a float32 J's bytes (m x 8 964): the usual
 ``0.5 * (S + S.T)`` or ``S.tril() + S.tril(-1).T`` made two or three of them at once, a peak the memory
-target of a step counts (docs/scale.md). Both functions walk ``BLOCK`` x ``BLOCK`` blocks and return S.
+target of a step counts (docs/optim_measurements.md, "At scale"). Both functions walk ``BLOCK`` x ``BLOCK`` blocks and return S.
 """
 
 from __future__ import annotations
