@@ -165,10 +165,15 @@ class FitSummary(Callback):
             m = f"training {verb} {m_imposed}: constraints()" if m_imposed else f"the {role.split(',')[0]} ones are constraints()"
             if measures_residual(pl_module):
                 return f"max |r| over all {rows} residuals of validation_constraints(){per_rank} ({m})"
-            return f"max |c| over the {rows} imposed constraints, constraints() on the {stage} data{per_rank}"
+            described = "imposed constraints" if role == "imposed" else f"constraints ({role})"
+            return f"max |c| over the {rows} {described}, constraints() on the {stage} data{per_rank}"
         if "violation" in lowered:
             if len(key.split("/")) == 3:  # Violation/<part>/<stage>: one part of imposed()
-                return f"max |c| of the imposed part {key.split('/')[1]!r} (imposed()) on the {stage} data"
+                part, role = key.split("/")[1], constraint_role(pl_module)
+                if role == "imposed":
+                    return f"max |c| of the imposed part {part!r} (imposed()) on the {stage} data"
+                # "imposed" means what the optimizer does: a part it does not impose is not called imposed
+                return f"max |c| of the constraint part {part!r} (declared in imposed(); {role}) on the {stage} data"
             m_imposed = self._m or self._m_eval
             role = constraint_role(pl_module)
             seen = self._imposed_evals.get(stage)
