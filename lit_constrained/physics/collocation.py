@@ -30,44 +30,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from lit_constrained.physics.geometry import (
+    SAMPLING_METHODS, BoundarySample, Geometry, SamplingMethod, _check_count, _check_method, allocate,
+    unit_cube_sample,
+)
 from lit_constrained.physics.operators import Coordinate, coordinate_index, default_names
 
 __all__ = ["Box", "SamplingMethod", "SAMPLING_METHODS", "unit_cube_sample"]
 
-SamplingMethod = Literal["uniform", "lhs", "sobol", "grid"]
-SAMPLING_METHODS: tuple[str, ...] = ("uniform", "lhs", "sobol", "grid")
 Side = Literal["lower", "upper"]
-
-
-def _check_count(n: int, what: str) -> None:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"{what}: the number of points must be a positive integer, got {n!r}.")
-
-
-def _check_method(method: str) -> None:
-    if method not in SAMPLING_METHODS:
-        raise ValueError(f"Unknown sampling method {method!r}: use one of {SAMPLING_METHODS}.")
-
-
-def unit_cube_sample(n: int, dim: int, method: str, rng: np.random.Generator) -> np.ndarray:
-    """n random points of :math:`[0, 1)^{dim}` by ``"uniform"``, ``"lhs"`` or ``"sobol"`` (float64 (n, dim))."""
-    _check_method(method)
-    if method == "grid":
-        raise ValueError("unit_cube_sample draws random points; grids come from Box.interior/face/boundary.")
-    if dim == 0:
-        return np.zeros((n, 0))
-    if method == "uniform":
-        return rng.random((n, dim))
-    from scipy.stats import qmc  # scipy is a dependency; imported on use (it is slow to import)
-
-    engine = qmc.LatinHypercube(dim, rng=rng) if method == "lhs" else qmc.Sobol(dim, scramble=True, rng=rng)
-    return engine.random(n)
 
 
 def _nearest(counts: dict[int, int], n: int) -> str:
@@ -79,7 +57,7 @@ def _nearest(counts: dict[int, int], n: int) -> str:
 
 
 @dataclass(frozen=True)
-class Box:
+class Box(Geometry):
     r"""The box :math:`\prod_i [a_i, b_i]` with named coordinates.
 
     Args:
@@ -207,6 +185,38 @@ class Box:
             faces += [(axis, "lower", measure), (axis, "upper", measure)]
         return faces
 
+    def _boundary_arrays(self, n: int, method: str, seed: int, dims: Sequence[Coordinate] | None,
+                         what: str) -> tuple[np.ndarray, np.ndarray]:
+        """The boundary points of :meth:`boundary` and their outward unit normals (numpy (n, d) each)."""
+        _check_count(n, what)
+        _check_method(method)
+        axes = list(range(self.dim)) if dims is None else sorted({self.index(c) for c in dims})
+        if not axes:
+            raise ValueError(f"{what}: dims is empty; name at least one coordinate whose faces to sample.")
+        if method == "grid":
+            others = self.dim - len(axes)
+            k = self._nodes_per_axis(n, lambda k: k**self.dim - k**others * (k - 2) ** len(axes), what, 2)
+            nodes = self._grid_nodes(range(self.dim), k, ends=True)
+            normals = np.zeros_like(nodes)
+            for axis in axes:
+                normals[:, axis] = (nodes[:, axis] == self.upper[axis]).astype(float) - (nodes[:, axis] == self.lower[axis])
+            on = np.any(normals != 0, axis=1)
+            normals = normals[on]  # a corner node: the normalized sum of its faces' normals
+            return nodes[on], normals / np.linalg.norm(normals, axis=1, keepdims=True)
+        faces = self._face_measures(axes)
+        counts = allocate(n, [m for *_, m in faces])
+        streams = np.random.SeedSequence(seed).spawn(len(faces))
+        blocks, normals = [], []
+        for (axis, side, _), count, stream in zip(faces, counts, streams):
+            if count:
+                free = [i for i in range(self.dim) if i != axis]
+                unit = unit_cube_sample(count, len(free), method, np.random.default_rng(stream))
+                blocks.append(self._on_face(axis, side, self._scale(unit, free)))
+                normal = np.zeros((count, self.dim))
+                normal[:, axis] = -1.0 if side == "lower" else 1.0
+                normals.append(normal)
+        return np.concatenate(blocks), np.concatenate(normals)
+
     def boundary(self, n: int, method: SamplingMethod = "uniform", seed: int = 0,
                  dims: Sequence[Coordinate] | None = None, dtype: torch.dtype = torch.float64) -> Tensor:
         """n points on the boundary: on the faces of the coordinates ``dims`` (default: all), shared in
@@ -214,34 +224,86 @@ class Box:
 
         ``"grid"``: the nodes of the k^d grid (ends included) on those faces, each once (corners too).
         """
-        _check_count(n, "Box.boundary")
-        _check_method(method)
-        axes = list(range(self.dim)) if dims is None else sorted({self.index(c) for c in dims})
-        if not axes:
-            raise ValueError("Box.boundary: dims is empty; name at least one coordinate whose faces to sample.")
-        if method == "grid":
-            others = self.dim - len(axes)
-            k = self._nodes_per_axis(n, lambda k: k**self.dim - k**others * (k - 2) ** len(axes), "Box.boundary", 2)
-            nodes = self._grid_nodes(range(self.dim), k, ends=True)
-            on = np.zeros(len(nodes), dtype=bool)
-            for axis in axes:
-                on |= (nodes[:, axis] == self.lower[axis]) | (nodes[:, axis] == self.upper[axis])
-            return self._tensor(nodes[on], dtype)
-        faces = self._face_measures(axes)
-        total = sum(m for *_, m in faces)
-        shares = [n * m / total for *_, m in faces]
-        counts = [int(math.floor(s)) for s in shares]
-        by_remainder = sorted(range(len(faces)), key=lambda j: (counts[j] - shares[j], j))
-        for j in by_remainder[: n - sum(counts)]:
-            counts[j] += 1
-        streams = np.random.SeedSequence(seed).spawn(len(faces))
-        blocks = []
-        for (axis, side, _), count, stream in zip(faces, counts, streams):
-            if count:
-                free = [i for i in range(self.dim) if i != axis]
-                unit = unit_cube_sample(count, len(free), method, np.random.default_rng(stream))
-                blocks.append(self._on_face(axis, side, self._scale(unit, free)))
-        return self._tensor(np.concatenate(blocks), dtype)
+        return self._tensor(self._boundary_arrays(n, method, seed, dims, "Box.boundary")[0], dtype)
+
+    def boundary_sample(self, n: int, method: SamplingMethod = "uniform", seed: int = 0,
+                        dtype: torch.dtype = torch.float64, dims: Sequence[Coordinate] | None = None) -> BoundarySample:
+        """The points of :meth:`boundary` (the same arguments give the same points) and their outward unit
+        normals :math:`\\pm e_i` (a grid's corner node: the normalized sum of its faces' normals)."""
+        points, normals = self._boundary_arrays(n, method, seed, dims, "Box.boundary_sample")
+        return BoundarySample(self._tensor(points, dtype), self._tensor(normals, dtype))
+
+    def periodic_pairs(self, coordinate: Coordinate, n: int, method: SamplingMethod = "uniform", seed: int = 0,
+                       dtype: torch.dtype = torch.float64) -> Tensor:
+        """n pairs of points facing each other across ``coordinate``: ``[x_left, x_right]`` side by side,
+        (n, 2 d), x_left on the face where the coordinate is at its lower end and x_right the same point
+        moved to the upper end (:func:`~lit_constrained.physics.operators.periodic_difference` imposes
+        u(x_left) - u(x_right) = 0 on them; the points of ``face(coordinate, "lower", ...)``)."""
+        left = self.face(coordinate, "lower", n, method, seed, dtype)
+        right = left.clone()
+        axis = self.index(coordinate)
+        right[:, axis] = self.upper[axis]
+        return torch.cat([left, right], dim=1)
+
+    # ------------------------------------------------------------------ as a Geometry
+    @cached_property
+    def _center(self) -> np.ndarray:
+        return 0.5 * (np.asarray(self.lower) + np.asarray(self.upper))
+
+    @cached_property
+    def _half(self) -> np.ndarray:
+        return 0.5 * (np.asarray(self.upper) - np.asarray(self.lower))
+
+    @property
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.lower), np.asarray(self.upper)
+
+    @property
+    def measure(self) -> float:
+        r""":math:`\prod_i (b_i - a_i)`."""
+        return math.prod(b - a for a, b in zip(self.lower, self.upper))
+
+    @property
+    def boundary_measure(self) -> float:
+        """The faces' total measure (2 for a 1-D box: its two end points)."""
+        return float(sum(m for *_, m in self._face_measures(range(self.dim))))
+
+    def _signed_distance(self, x: np.ndarray) -> np.ndarray:
+        q = np.abs(x - self._center) - self._half
+        outside = np.linalg.norm(np.maximum(q, 0.0), axis=1)
+        return outside + np.minimum(q.max(axis=1), 0.0)
+
+    def _normal(self, x: np.ndarray) -> np.ndarray:
+        """The normal of the face with the largest :math:`|x_i - c_i| - h_i` (the nearest one from inside)."""
+        offset = x - self._center
+        axis = (np.abs(offset) - self._half).argmax(axis=1)
+        normals = np.zeros_like(x)
+        rows = np.arange(len(x))
+        normals[rows, axis] = np.where(offset[rows, axis] >= 0, 1.0, -1.0)
+        return normals
+
+    def _boundary_numpy(self, n: int, method: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        return self._boundary_arrays(n, method, int(rng.integers(2**63)), None, "Box.boundary_sample")
+
+    @cached_property
+    def _perimeter_breaks(self) -> np.ndarray:
+        width, height = 2 * self._half
+        return np.array([0.0, width, width + height, 2 * width + height, 2 * (width + height)]) / (2 * (width + height))
+
+    def _perimeter(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """2D: counter-clockwise from the lower-left corner (bottom, right, top, left side)."""
+        if self.dim != 2:
+            raise ValueError("A box's arc-length map is its 2D rectangle's.")
+        (ax, ay), (bx, by) = self.lower, self.upper
+        breaks = self._perimeter_breaks
+        u = np.mod(u, 1.0)
+        side = np.clip(np.searchsorted(breaks, u, side="right") - 1, 0, 3)
+        t = (u - breaks[side]) / (breaks[side + 1] - breaks[side])
+        starts = np.array([[ax, ay], [bx, ay], [bx, by], [ax, by]])
+        ends = np.array([[bx, ay], [bx, by], [ax, by], [ax, ay]])
+        outward = np.array([[0.0, -1.0], [1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+        points = starts[side] + t[:, None] * (ends[side] - starts[side])
+        return points, outward[side]
 
     def grid(self, points_per_axis: int | Sequence[int], dtype: torch.dtype = torch.float64) -> Tensor:
         """The tensor grid with ``points_per_axis`` nodes along each coordinate, ends included (a test grid):
