@@ -27,6 +27,12 @@ m); with the default ``derivative="taylor"`` the imposed residual carries the ta
 operations (``mlp_taylor(..., transformable=True)``), which run inside ``torch.func``; the other
 modes take the engine's chunked-autograd path.
 
+Optional non-negativity (``nonnegative=True``): every concentration is also imposed non-negative at the
+same m rows, :math:`u_\theta(x_j) \ge 0` (the ``"nonnegative"`` part, ``Imposed(..., sense=">=")``: 4 m
+inequality rows next to the m mass-balance rows; ``Violation/nonnegative/<stage>`` is
+:math:`\max_j \max(-u_\theta(x_j), 0)`). It needs an optimizer that takes inequality rows (SQPAdam,
+SQPHeavyBall) or one that only monitors them (Adam).
+
 Optional fixed affine normalization (``normalize=True``, off in the faithful reproduction):
 :math:`u_\\theta(x) = \\mu_u + \\sigma_u \\odot N_\\theta((x - \\mu_x) / \\sigma_x)` with constants from the
 problem itself (nominal trajectory, initial-condition spread, time horizon); the objective and the
@@ -136,6 +142,7 @@ class Chemistry(ConstrainedModule):
             faster per training step than forward-mode AD), ``"forward"`` (forward-mode AD, any
             network) or ``"reverse"`` (4 reverse passes).
         dtype: ``"float32"`` or ``"float64"`` for the network (batches are cast to it).
+        nonnegative: also impose every concentration >= 0 at the constraint rows (4 m inequality rows).
         **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
 
@@ -154,9 +161,11 @@ class Chemistry(ConstrainedModule):
         ic_spread: float = 1.0,
         derivative: DerivativeMode = "taylor",
         dtype: DTypeName = "float32",
+        nonnegative: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.nonnegative = bool(nonnegative)
         for name, value in (("residual_weight", residual_weight), ("mass_weight", mass_weight),
                             ("data_weight", data_weight)):
             if value < 0:
@@ -236,9 +245,16 @@ class Chemistry(ConstrainedModule):
         _, rate = self.state_and_rate(x, transformable=True)
         return self.mass_residual(rate)
 
+    def concentrations(self, x: Tensor) -> Tensor:
+        """The network's state u at rows x (N, 5); returns (N, 4) (imposed >= 0 with ``nonnegative``)."""
+        return self(x)
+
     def imposed(self, batch: dict[str, Tensor]) -> Mapping[str, Imposed]:
-        """The mass balance at the m constraint rows ``x_con``."""
-        return {"mass": Imposed(self.mass_balance, batch["x_con"])}
+        """The mass balance at the m constraint rows ``x_con`` (and, with ``nonnegative``, u >= 0 there)."""
+        parts = {"mass": Imposed(self.mass_balance, batch["x_con"])}
+        if self.nonnegative:
+            parts["nonnegative"] = Imposed(self.concentrations, batch["x_con"], sense=">=")
+        return parts
 
     def validation_constraints(self, batch: dict[str, Tensor]) -> Tensor:
         """The mass-balance residual at every row of the (held-out) batch."""
