@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,6 +107,8 @@ class _Combination(Geometry):
         kept: list[np.ndarray] = []
         have, batch = 0, max(64, 2 * n)
         for _ in range(MAX_ROUNDS):
+            if engine is not None:  # whole powers of 2 keep each round of Sobol points balanced
+                batch = 1 << (batch - 1).bit_length()
             unit = engine.random(batch) if engine is not None else unit_cube_sample(batch, self.dim, method, rng)
             points = lower + (upper - lower) * unit
             inside = points[self._signed_distance(points) < 0]
@@ -132,7 +135,9 @@ class _Combination(Geometry):
             for (leaf, sign), count in zip(leaves, allocate(batch, weights)):
                 if count == 0:
                     continue
-                p, nrm = leaf._boundary_numpy(count, method, np.random.default_rng(rng.integers(2**63)))
+                with warnings.catch_warnings():  # a piece's count is no power of 2; the rejection unbalances anyway
+                    warnings.filterwarnings("ignore", "The balance properties of Sobol")
+                    p, nrm = leaf._boundary_numpy(count, method, np.random.default_rng(rng.integers(2**63)))
                 nrm = sign * nrm
                 keep = (self._signed_distance(p - eps * nrm) < 0) & (self._signed_distance(p + eps * nrm) > 0)
                 drawn_p.append(p[keep])
