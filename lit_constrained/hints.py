@@ -117,10 +117,15 @@ def optimizer_argument_hint(cls: type, argument: str) -> str:
 
 
 def argument_message(name: str, argument: str, accepted: list[str], takers: list[str]) -> str:
-    """"<name> takes no '<argument>'; its arguments are ...; '<argument>' is an argument of <takers>"."""
+    """"<name> takes no '<argument>' (did you mean '<the nearest accepted>'?); its arguments are ...;
+    '<argument>' is an argument of <takers>"."""
+    import difflib
+
     where = (f" {argument!r} is an argument of {', '.join(takers)} (e.g. class_path: {takers[0]})."
              if takers else "")
-    return f"{name} takes no {argument!r}; its arguments are {', '.join(accepted)}.{where}"
+    close = difflib.get_close_matches(argument, accepted, n=1)
+    nearest = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{name} takes no {argument!r}{nearest}; its arguments are {', '.join(accepted)}.{where}"
 
 
 def unexpected_keyword(error: BaseException) -> str | None:
@@ -187,7 +192,33 @@ def cli_error_hint(message: str) -> str | None:
         except Exception:  # noqa: BLE001  (a hint never hides the error it explains)
             continue
         hints.append(_class_argument_hint(cls, argument))
+    hints += _class_path_hints(message)
     return " ".join(dict.fromkeys(hints)) or None
+
+
+def _class_path_hints(message: str) -> list[str]:
+    """"did you mean" for a class path whose class or module does not exist, as jsonargparse reports
+    them: "module 'torch.optim' has no attribute 'Adm'" (the nearest class of that module, which the
+    parser has imported) and "No module named 'exp_fti'" (the nearest module file in the working
+    directory)."""
+    import difflib
+    import os
+    import re
+
+    hints = []
+    for module_name, name in re.findall(r"module '([\w.]+)' has no attribute '(\w+)'", message):
+        module = sys.modules.get(module_name)
+        classes = [n for n, v in vars(module).items() if isinstance(v, type)] if module is not None else []
+        close = difflib.get_close_matches(name, classes, n=1)
+        if close:
+            hints.append(f"{module_name} has no {name!r}: did you mean {module_name}.{close[0]}?")
+    for module_name in re.findall(r"No module named '(\w+)'", message):
+        beside = [f[:-3] for f in os.listdir(".") if f.endswith(".py")]
+        close = difflib.get_close_matches(module_name, beside, n=1)
+        if close:
+            hints.append(f"there is no module {module_name!r}: did you mean {close[0]} ({close[0]}.py in the "
+                         "working directory)?")
+    return hints
 
 
 def _class_argument_hint(cls: type, argument: str) -> str:

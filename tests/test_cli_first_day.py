@@ -255,3 +255,72 @@ def test_the_default_optimizer_is_named_only_where_nothing_names_one(tmp_path: P
     (tmp_path / "own.yaml").write_text("model: {class_path: own.Own}\n")
     args = ["fit", "--config", "own.yaml", *LR_OVERRIDE]
     assert named(args, default) == args
+
+
+#: a mistake in the README's example config: (the line replaced, its replacement), the message expected
+README_CONFIG_MISTAKES = {
+    "a task argument typo": (("    num_threads: 1 ", "    num_threads: 1\n    hiden: 64 "),
+                             "ExpFit takes no 'hiden' (did you mean 'hidden'?)"),
+    "an optimizer class typo": (("    num_threads: 1 ", "    optimizer: {class_path: lit_constrained.optim.SQPAdm}\n"
+                                 "    num_threads: 1 "),
+                                "lit_constrained.optim has no 'SQPAdm' (did you mean lit_constrained.optim.SQPAdam?)"),
+    "a task module typo": (("class_path: exp_fit.ExpFit", "class_path: exp_fti.ExpFit"),
+                           "there is no module 'exp_fti' (no exp_fti.py in the working directory"),
+    "a word for a number": (("    num_threads: 1 ", "    optimizer: {class_path: lit_constrained.optim.SQPAdam, "
+                             "init_args: {lr: fast}}\n    num_threads: 1 "),
+                            "SQPAdam's lr must be a number, got 'fast'; e.g. lr: 0.001 (the default)"),
+    "a typo in a word": (("    num_threads: 1 ", "    optimizer: {class_path: lit_constrained.optim.SQPAdam, "
+                          "init_args: {rho: ful}}\n    num_threads: 1 "),
+                         "SQPAdam's rho must be a number or 'full', got 'ful' (did you mean 'full'?)"),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(README_CONFIG_MISTAKES))
+def test_a_mistake_in_the_readmes_config_is_one_line_with_the_fix_before_lightning(tmp_path: Path, mistake: str) -> None:
+    """Issue 37: before, each was 10-18 lines after ~30 s (Lightning imported), with no "did you mean"."""
+    readme_example(tmp_path)
+    (old, new), expected = README_CONFIG_MISTAKES[mistake]
+    text = (tmp_path / "exp_fit.yaml").read_text()
+    assert old in text
+    (tmp_path / "mistake.yaml").write_text(text.replace(old, new, 1))
+    result = run_console(["fit", "--config", "mistake.yaml"], tmp_path)
+    assert result["status"] == 2 and expected in result["stderr"], result["stderr"]
+    assert len(result["stderr"].strip().splitlines()) == 1, result["stderr"]
+    assert not result["torch"] and not result["lightning"]
+
+
+@pytest.mark.parametrize("option, expected", [
+    (["--model.init_args.hiden", "64"], "--model.init_args.hiden: ExpFit takes no 'hiden' (did you mean 'hidden'?)"),
+    (["--model.init_args.optimizer.init_args.lr", "fast"], "SQPAdam's lr must be a number, got 'fast'"),
+    (["--model.optimizer.rho", "ful"], "SQPAdam's rho must be a number or 'full', got 'ful' (did you mean 'full'?)"),
+    (["--model.optimizer", "SQPAdm"], "the optimizer 'SQPAdm' is not one of lit_constrained.optim or torch.optim "
+                                      "(did you mean SQPAdam?)"),
+    (["--model.optimizer.momentum", "0.9"], "SQPAdam takes no 'momentum'"),
+])
+def test_the_same_mistakes_on_the_command_line_are_found_early(tmp_path: Path, monkeypatch, option, expected) -> None:
+    readme_example(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(cli_fast.PreflightError) as caught:
+        cli_fast.preflight("fit", ["--config", "exp_fit.yaml", *option])
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_valid_values_and_other_classes_pass_the_early_checks(tmp_path: Path, monkeypatch) -> None:
+    readme_example(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for option in (["--model.init_args.optimizer.init_args.lr", "1e-2"], ["--model.optimizer.rho", "0.5"],
+                   ["--model.optimizer.rho", "full"], ["--model.init_args.hidden", "16"],
+                   ["--model.optimizer", "torch.optim.Adam", "--model.optimizer.lr", "0.1"],
+                   ["--model.optimizer", "SQPHeavyBall", "--model.optimizer.momentum", "0.5"],
+                   ["--model.init_args.max_grad_norm", "null"], ["--model.init_args.on_nonfinite", "skip"]):
+        cli_fast.preflight("fit", ["--config", "exp_fit.yaml", *option])
+
+
+def test_a_class_path_typo_lightningcli_finds_gets_the_nearest_class() -> None:
+    import torch.optim  # noqa: F401  (the parser has imported the module it reports)
+
+    from lit_constrained.hints import cli_error_hint
+
+    message = ("Type typing.Callable[...] expects a function or a callable class: module 'torch.optim' has no "
+               "attribute 'Adm'. Got value: Namespace(class_path='torch.optim.Adm')")
+    assert cli_error_hint(message) == "torch.optim has no 'Adm': did you mean torch.optim.Adam?"
