@@ -17,7 +17,9 @@ when
 
 i.e. it grew a thousandfold from its lowest value since the first update and above where it started
 (the first update is left out of the minimum: restoring infeasible constraints may raise f legitimately);
-the same rule with :math:`j \ge 0` holds for :math:`\max|c|`; a non-finite f or c is divergence at once.
+the same rule with :math:`j \ge 0` holds for :math:`\max|c|`, which must also exceed
+:math:`\sqrt{\varepsilon}` of the weights' dtype (a fit resumed at a feasible point starts its references
+within round-off, where max |c| wanders a thousandfold); a non-finite f or c is divergence at once.
 
 **Apparent infeasibility.** The projected optimizers log ``linearized_feasibility_error``
 :math:`e_k = \|J\Delta x + s c\| / \|s c\|`, the relative least-squares residual of the normal
@@ -209,8 +211,10 @@ class RunHealth(Callback):
                     f"first step ({_fmt(low)}; {_fmt(first.objective)} at the start). " + advice)
         # max |c|: from its lowest value, the start included
         low_c = self._lowest_violation
+        # and above sqrt(eps) of the weights' dtype: a resumed fit starts its references at a feasible
+        # point, where max |c| wanders 1000-fold within round-off (the uninterrupted run starts far above)
         if (now.violation is not None and low_c is not None and first.violation is not None
-                and now.violation > factor * low_c and now.violation > first.violation):
+                and now.violation > factor * low_c and now.violation > max(first.violation, self._eps_floor)):
             since = "at the start" if low_c == first.violation else f"; {_fmt(first.violation)} at the start"
             return (f"lit-constrained: the run is diverging: max |c| grew to {_fmt(now.violation)} at step "
                     f"{now.step}, {_fmt(now.violation / max(low_c, 1e-300))} times its lowest value ({_fmt(low_c)}"

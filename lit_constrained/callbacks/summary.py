@@ -15,6 +15,9 @@ At the end of ``fit``::
 
 "warning" lines are the findings of :class:`~lit_constrained.callbacks.health.RunHealth` (divergence,
 apparent infeasibility, lr = 0 with the full normal step), each also warned once during the run.
+After a resume from step k the steps line reads ``N: k before the resume (from the checkpoint), N - k in
+this run in T s``: the seconds are this run's, and so are the references of the run-health findings
+(a ``health`` line says which steps they judge) and "at this run's start" of max |c|.
 "at the start" is max |c(x_0)| at the first step's weights (before any update); "at the end" is
 evaluated again at the final weights. Validation figures come from the run's last validation if it
 was at the final step; otherwise they are computed here, at the final weights, from the DataModule's
@@ -94,11 +97,17 @@ class FitSummary(Callback):
         self._last_val_step: int | None = None
         self._m_eval: int | None = None  # m seen at evaluation (validate/test without a fit)
         self._imposed_evals: dict[str, _EvalCount] = {}  # constraints() rows on each evaluation's batches
+        self._steps_before = 0  # global_step at this fit's start: > 0 after a resume
 
     # ------------------------------------------------------------------ bookkeeping
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start_time = time.perf_counter()
         self._c_start, self._m, self._last_batch, self._last_val_step = None, None, None, None
+        self._steps_before = 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # after the checkpoint's loops are restored: the steps a resumed fit took before its interruption
+        self._steps_before = int(trainer.global_step)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -274,9 +283,7 @@ class FitSummary(Callback):
         seconds = time.perf_counter() - self._start_time
         steps = trainer.global_step
         last = getattr(pl_module, "last_step", None)
-        lines = ["fit summary"]
-        per_step = f" ({1e3 * seconds / steps:.1f} ms a step)" if steps else ""
-        lines.append(f"  steps        {steps} in {seconds:.1f} s{per_step}")
+        lines = ["fit summary", self._steps_line(steps, seconds)]
         if last is not None:
             lines.append(f"  objective    {_fmt(float(last.objective))} (the last training step's objective())")
         if self._m:
@@ -288,8 +295,9 @@ class FitSummary(Callback):
             ratio = end / self._c_start if end is not None and self._c_start else None
             role = constraint_role(pl_module)
             over = f"the m = {self._m} imposed constraints" if role == "imposed" else f"the m = {self._m} constraints, {role}"
+            start = f"at this run's start (step {self._steps_before})" if self._steps_before else "at the start"
             lines.append(
-                f"  max |c|      {_fmt(self._c_start)} at the start -> {_fmt(end)} at the end "
+                f"  max |c|      {_fmt(self._c_start)} {start} -> {_fmt(end)} at the end "
                 f"(x {_fmt(ratio)}) over {over}"
             )
             lines.extend(self._inequality_line(trainer))
@@ -299,14 +307,29 @@ class FitSummary(Callback):
         lines.append(f"  checkpoint   {path or 'none written (no checkpoint callback ran)'}")
         if log_dir:
             lines.append(f"  logs         {log_dir}")
-        lines.extend(self._health_lines(trainer))
+        lines.extend(self._health_lines(trainer, steps))
         print("\n".join(lines), flush=True)
 
-    @staticmethod
-    def _health_lines(trainer: pl.Trainer) -> list[str]:
-        """One ``warning`` line per finding of the trainer's :class:`RunHealth` callback."""
+    def _steps_line(self, steps: int, seconds: float) -> str:
+        """``steps N in T s``; after a resume the k steps before the interruption apart from this run's
+        N - k steps, which alone the seconds (and the time a step) are of."""
+        before = self._steps_before
+        this_run = steps - before
+        per_step = f" ({1e3 * seconds / this_run:.1f} ms a step)" if this_run > 0 else ""
+        if not before:
+            return f"  steps        {steps} in {seconds:.1f} s{per_step}"
+        return (f"  steps        {steps}: {before} before the resume (from the checkpoint), "
+                f"{this_run} in this run in {seconds:.1f} s{per_step}")
+
+    def _health_lines(self, trainer: pl.Trainer, steps: int) -> list[str]:
+        """One ``warning`` line per finding of the trainer's :class:`RunHealth` callback; after a resume,
+        first the steps they judge (this run's: RunHealth's references start at the resumed step)."""
         findings = [m for cb in trainer.callbacks if isinstance(cb, RunHealth) for m in cb.findings.values()]
-        return [f"  warning      {message.removeprefix('lit-constrained: ')}" for message in findings]
+        lines = []
+        if self._steps_before and any(isinstance(cb, RunHealth) for cb in trainer.callbacks):
+            verdict = f"{len(findings)} finding{'s' if len(findings) != 1 else ''} below" if findings else "no finding"
+            lines.append(f"  health       judged on this run's steps {self._steps_before}-{steps}: {verdict}")
+        return lines + [f"  warning      {message.removeprefix('lit-constrained: ')}" for message in findings]
 
     def _validation_lines(self, trainer: pl.Trainer, pl_module: Any, steps: int) -> list[str]:
         if self._last_val_step == steps:

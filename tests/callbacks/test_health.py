@@ -131,3 +131,20 @@ def test_lr_zero_with_a_numeric_rho_and_no_corrections_is_no_step_and_no_warning
     x0 = model.x.detach().clone()
     assert _fit(model, steps=2, data=_one_batch()) == []
     assert torch.equal(model.x.detach(), x0)
+
+
+def test_a_fit_resumed_at_a_feasible_point_is_not_called_diverging_for_round_off() -> None:
+    # the same max |c| after step 20 of a float32 run: the uninterrupted run started at 76, the resumed
+    # one starts its references at step 20, where max |c| is round-off (float32 sqrt(eps) = 3.5e-4)
+    tail = [(0.31, 4e-6), (0.31, 1e-9), (0.31, 2e-7), (0.31, 6e-6), (0.31, 1e-5)]
+    uninterrupted, resumed = RunHealth(), RunHealth()
+    for step, (f, c) in enumerate([(1.9, 76.0)] + tail):
+        _observe(uninterrupted, f, c, step)
+    for step, (f, c) in enumerate(tail, start=20):
+        _observe(resumed, f, c, step)
+    assert uninterrupted.findings == {} and resumed.findings == {}
+    # a real divergence from a feasible start is still one: max |c| to 1e-2 (10^7 x its lowest)
+    diverged = RunHealth()
+    for step, (f, c) in enumerate(tail + [(0.31, 1e-2)], start=20):
+        _observe(diverged, f, c, step)
+    assert "max |c| grew to 1.00e-02 at step 25" in diverged.findings["diverging"]

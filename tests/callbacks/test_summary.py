@@ -58,3 +58,30 @@ def test_a_constrained_optimizer_names_its_parts_imposed(capsys):
     for part in ("left", "boundary"):
         line = next(line for line in summary.splitlines() if f"Violation/{part}/val" in line)
         assert f"the imposed part {part!r} (imposed())" in line and "monitored" not in line, line
+
+
+def _fit_curve(tmp_path, max_steps: int, resume: bool):
+    from lit_constrained.callbacks.checkpointing import CrashSafeCheckpoint
+    from lit_constrained.tasks.curve import CurveFit
+
+    torch.manual_seed(0)
+    model = CurveFit(hidden=8, optimizer=functools.partial(SQPAdam, lr=1e-2))
+    trainer = quiet_trainer(max_steps=max_steps, limit_val_batches=0, enable_checkpointing=True,
+                            callbacks=[CrashSafeCheckpoint(dirpath=str(tmp_path), every_n_steps=1)])
+    trainer.fit(model, CurveData(num_samples=8, batch_size=8), ckpt_path="last" if resume else None)
+
+
+def test_a_resumed_fit_says_the_steps_before_apart_from_this_runs_steps_and_seconds(tmp_path, capsys):
+    _fit_curve(tmp_path, 3, resume=False)
+    first = capsys.readouterr().out.split("fit summary", 1)[1]
+    assert re.search(r"\n  steps        3 in [0-9.]+ s \([0-9.]+ ms a step\)\n", first), first
+    assert "at the start ->" in first and "health" not in first  # an uninterrupted run: as before
+    _fit_curve(tmp_path, 7, resume=True)
+    summary = capsys.readouterr().out.split("fit summary", 1)[1]
+    found = re.search(r"\n  steps        7: 3 before the resume \(from the checkpoint\), 4 in this run in "
+                      r"([0-9.]+) s \(([0-9.]+) ms a step\)\n", summary)
+    assert found, summary
+    seconds, per_step = map(float, found.groups())
+    assert per_step == pytest.approx(1e3 * seconds / 4, abs=1e3 * 0.05 / 4 + 0.05)  # this run's 4 steps, not 7
+    assert "at this run's start (step 3) ->" in summary
+    assert "\n  health       judged on this run's steps 3-7: no finding\n" in summary
