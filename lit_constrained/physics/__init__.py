@@ -21,12 +21,12 @@ from lit_constrained.physics.shapes import Ball, Disk, Polygon
 from lit_constrained.physics.spacetime import SpaceTime
 from lit_constrained.physics.operators import (
     Coordinate, FieldDerivatives, coordinate_index, default_names, derivatives, divergence, gradient, hessian,
-    laplacian, partial, time_derivative,
+    laplacian, normal_derivative, partial, periodic_difference, time_derivative,
 )
 
 __all__ = [
     "Ball", "BoundarySample", "Box", "Coordinate", "Difference", "Disk", "Geometry", "Intersection", "Polygon",
     "SpaceTime", "Union", "FieldDerivatives", "SAMPLING_METHODS", "SamplingMethod", "coordinate_index",
-    "default_names", "derivatives", "divergence", "gradient", "hessian", "laplacian", "partial",
-    "time_derivative", "unit_cube_sample",
+    "default_names", "derivatives", "divergence", "gradient", "hessian", "laplacian", "normal_derivative", "partial",
+    "periodic_difference", "time_derivative", "unit_cube_sample",
 ]

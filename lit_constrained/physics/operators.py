@@ -58,7 +58,9 @@ __all__ = [
     "gradient",
     "hessian",
     "laplacian",
+    "normal_derivative",
     "partial",
+    "periodic_difference",
     "time_derivative",
 ]
 
@@ -229,8 +231,65 @@ def partial(
 def time_derivative(
     u_fn: Field, x: Tensor, time: Coordinate = -1, order: int = 1, names: Sequence[str] | None = None
 ) -> Tensor:
-    r""":math:`\partial^{order} u / \partial t^{order}`, t being the coordinate ``time`` (default: the last)."""
+    r""":math:`\partial^{order} u / \partial t^{order}`, t being the coordinate ``time`` (default: the last):
+    ``order=1`` :math:`u_t` (heat, Burgers), ``order=2`` :math:`u_{tt}` (the wave equation)."""
     return partial(u_fn, x, time, order, names)
+
+
+def _normals_for(x: Tensor, normals: Tensor, axes: list[int]) -> Tensor:
+    """The normals (N, |D|) as vectors of all d coordinates (zero off ``axes``), in x's dtype."""
+    if not isinstance(normals, Tensor) or normals.dim() != 2 or normals.shape[0] != x.shape[0] \
+            or normals.shape[1] != len(axes):
+        got = tuple(normals.shape) if isinstance(normals, Tensor) else type(normals).__name__
+        raise ValueError(f"normals must have shape (N, {len(axes)}) (one per point, one entry per coordinate of "
+                         f"dims) for points {tuple(x.shape)}, got {got}.")
+    normals = normals.to(dtype=x.dtype, device=x.device)
+    if axes == list(range(x.shape[1])):
+        return normals
+    embed = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)[axes]  # (|D|, d)
+    return normals @ embed
+
+
+def normal_derivative(
+    u_fn: Field, x: Tensor, normals: Tensor, dims: Sequence[Coordinate] | None = None,
+    names: Sequence[str] | None = None,
+) -> Tensor:
+    r"""The normal derivative :math:`\partial u / \partial n = \sum_{i \in D} n_i\, \partial_i u` at the
+    points ``x`` (N, d) along ``normals`` (N, |D|); shape (N,) or (N, k) as ``u_fn``'s.
+
+    ``dims`` (default: every coordinate) names the coordinates the normals span, e.g. ``dims=("x", "y")``
+    for the spatial normals of a space-time point (x, y, t). A Neumann condition is
+    ``normal_derivative(u, x, n) - g``, a Robin one ``alpha * u(x) + beta * normal_derivative(u, x, n) - g``.
+    Inside a transform: one forward-mode ``jvp`` along each point's normal (under ``vmap`` over the
+    points and their normals), so it runs in the per-point Jacobian (the normals travel with the
+    points: :meth:`~lit_constrained.physics.geometry.BoundarySample.packed`).
+    """
+    dim = _check_points(x)
+    axes = _dims(dims, dim, names)
+    direction = _normals_for(x, normals, axes)
+    if not _inside_transform():
+        return _by_autograd(u_fn, x, lambda component, z: (_d(component, z) * direction).sum(dim=1))
+    fn = _at_one_point(u_fn)
+    return vmap(lambda z, n: jvp(fn, (z,), (n,))[1])(x, direction)
+
+
+def periodic_difference(
+    u_fn: Field, pairs: Tensor, operator: Callable[[Field, Tensor], Tensor] | None = None
+) -> Tensor:
+    r""":math:`u(x_{left}) - u(x_{right})` (or :math:`L u(x_{left}) - L u(x_{right})` for ``operator`` L)
+    at pairs of points side by side, ``pairs`` = ``[x_left, x_right]`` (N, 2 d)
+    (:meth:`~lit_constrained.physics.collocation.Box.periodic_pairs`): a periodic condition imposed as
+    an equality. ``operator(u_fn, x)`` is e.g. ``lambda u, x: partial(u, x, "x")`` for :math:`u_x` (a
+    second-order equation's periodicity of the derivative). Shape (N,) or (N, k) as ``u_fn``'s.
+    """
+    if not isinstance(pairs, Tensor) or pairs.dim() != 2 or pairs.shape[1] % 2:
+        got = tuple(pairs.shape) if isinstance(pairs, Tensor) else type(pairs).__name__
+        raise ValueError(f"pairs must have shape (N, 2 d): [x_left, x_right] side by side, got {got}.")
+    d = pairs.shape[1] // 2
+    left, right = pairs[:, :d], pairs[:, d:]
+    if operator is None:
+        return u_fn(left) - u_fn(right)
+    return operator(u_fn, left) - operator(u_fn, right)
 
 
 def gradient(u_fn: Field, x: Tensor) -> Tensor:
@@ -351,7 +410,17 @@ class FieldDerivatives:
         raise ValueError(f"FieldDerivatives holds derivatives up to order 2; use partial() for order {len(indices)}.")
 
     def time_derivative(self, time: Coordinate = -1, order: int = 1) -> Tensor:
+        """:math:`u_t` (``order=1``) or :math:`u_{tt}` (``order=2``, from the Hessian)."""
         return self.partial(time, order)
+
+    def normal_derivative(self, normals: Tensor, dims: Sequence[Coordinate] | None = None) -> Tensor:
+        r"""As :func:`normal_derivative`: :math:`\sum_{i \in D} n_i \partial_i u` from the stored gradient."""
+        axes = _dims(dims, self.dim, self.names or None)
+        if normals.dim() != 2 or normals.shape[1] != len(axes):
+            raise ValueError(f"normals must have shape (N, {len(axes)}), got {tuple(normals.shape)}.")
+        grad = self.gradient[..., axes]
+        n = normals.to(grad.dtype)
+        return (grad * (n if grad.dim() == 2 else n[:, None, :])).sum(dim=-1)
 
     def laplacian(self, dims: Sequence[Coordinate] | None = None) -> Tensor:
         """As :func:`laplacian`: the trace of the Hessian over ``dims``."""

@@ -235,3 +235,171 @@ def test_float32_network_on_float32_points():
     assert lap.dtype == torch.float32
     reference = closed_form_laplacian(net64.w, net64.b, net64.a, x).detach()
     assert torch.allclose(lap.double(), reference, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- boundary and time operators
+def test_normal_derivative_on_a_circle_against_the_closed_form_on_both_paths():
+    from lit_constrained.physics import Disk, normal_derivative
+
+    points, normals = Disk((0.3, -0.2), 0.7).boundary_sample(16, "grid")
+
+    def u(p: torch.Tensor) -> torch.Tensor:  # grad u = (2 x y, x^2 + cos y)
+        return p[:, 0] ** 2 * p[:, 1] + torch.sin(p[:, 1])
+
+    X, Y = points.unbind(1)
+    expected = 2 * X * Y * normals[:, 0] + (X**2 + torch.cos(Y)) * normals[:, 1]
+    assert close(normal_derivative(u, points, normals), expected)
+    inside = vmap(lambda q: normal_derivative(u, q[None, :2], q[None, 2:])[0])(torch.cat([points, normals], 1))
+    assert close(inside, expected)
+    # a vector field: each component's normal derivative
+    v = lambda p: torch.stack([u(p), 3 * p[:, 0]], 1)  # noqa: E731
+    assert close(normal_derivative(v, points, normals), torch.stack([expected, 3 * normals[:, 0]], 1))
+    assert close(derivatives(u, points, order=1).normal_derivative(normals), expected)
+
+
+def test_normal_derivative_of_a_space_time_field_along_spatial_normals():
+    from lit_constrained.physics import Box, Disk, SpaceTime, normal_derivative
+
+    side = SpaceTime(Box((0.0, 0.0), (1.0, 2.0)) - Disk((0.5, 1.0), 0.25), (0.0, 1.0)).boundary_sample(32, seed=0)
+    x, n = side.points, side.normals[:, :2]
+
+    def u(p: torch.Tensor) -> torch.Tensor:  # u = exp(-t) (x^2 + y), grad_x u = exp(-t) (2 x, 1)
+        return torch.exp(-p[:, 2]) * (p[:, 0] ** 2 + p[:, 1])
+
+    expected = torch.exp(-x[:, 2]) * (2 * x[:, 0] * n[:, 0] + n[:, 1])
+    assert close(normal_derivative(u, x, n, dims=("x", "y")), expected)
+    assert close(normal_derivative(u, x, side.normals), expected)  # the full normals' time entry is 0
+    with pytest.raises(ValueError, match=r"shape \(N, 2\)"):
+        normal_derivative(u, x, side.normals, dims=("x", "y"))
+
+
+def test_periodic_difference_of_values_and_of_a_derivative():
+    from lit_constrained.physics import Box, periodic_difference
+
+    slab = Box((0.0, 0.0), (2.0, 1.0), names=("x", "t"))
+    pairs = slab.periodic_pairs("x", 8, "lhs", seed=0)
+    assert pairs.shape == (8, 4) and bool((pairs[:, 0] == 0).all() and (pairs[:, 2] == 2).all())
+    periodic = lambda p: torch.sin(PI * p[:, 0]) * (1 + p[:, 1])  # noqa: E731 (period 2 in x)
+    assert periodic_difference(periodic, pairs).abs().max() < 1e-15
+    square = lambda p: p[:, 0] ** 2 * p[:, 1]  # noqa: E731
+    assert close(periodic_difference(square, pairs), -4 * pairs[:, 1])
+    ux = lambda u, p: partial(u, p, "x")  # noqa: E731  (u_x = 2 x t: 0 on the left, 4 t on the right)
+    assert close(periodic_difference(square, pairs, ux), -4 * pairs[:, 1])
+
+
+def test_second_time_derivative_from_derivatives_and_partial():
+    x = points(d=2)  # (x, t); u = cos(2 t) x^3: u_tt = -4 u
+    u = lambda p: torch.cos(2 * p[:, 1]) * p[:, 0] ** 3  # noqa: E731
+    assert close(time_derivative(u, x, order=2), -4 * u(x))
+    assert close(derivatives(u, x).time_derivative(order=2), -4 * u(x))
+
+
+class SmallField(torch.nn.Module):
+    """A small tanh MLP on (N, d) points, float64."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        torch.manual_seed(d)
+        self.net = torch.nn.Sequential(torch.nn.Linear(d, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                                       torch.nn.Linear(8, 1)).double()
+
+    def u(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)[:, 0]
+
+
+def _input_derivatives(u: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and second derivatives of u w.r.t. the (requires-grad) inputs x by plain nested autograd."""
+    (g,) = torch.autograd.grad(u.sum(), x, create_graph=True)
+    h = torch.stack([torch.autograd.grad(g[:, i].sum(), x, create_graph=True)[0] for i in range(x.shape[1])], 1)
+    return g, h
+
+
+def _dense_rows(values: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+    rows = [torch.autograd.grad(values[i], params, retain_graph=True, allow_unused=True, materialize_grads=True)
+            for i in range(len(values))]
+    return torch.stack([torch.cat([g.reshape(-1) for g in row]) for row in rows])
+
+
+def test_per_point_jacobian_of_boundary_and_time_residuals_equals_the_dense_autograd_jacobian():
+    """Robin (u + 2 du/dn at packed boundary points), the wave equation u_tt - 4 u_xx, the heat equation
+    u_t - (u_xx + u_yy) with a Neumann condition on a space-time cylinder's side, and a periodic pair
+    (u and u_x): the per-point engine's torch.func path against rows of plain autograd."""
+    from lit_constrained.optim.pointwise import pointwise_jacobian
+    from lit_constrained.physics import Box, BoundarySample, Disk, SpaceTime, normal_derivative, periodic_difference
+
+    plate = Box((0.0, 0.0), (1.0, 1.0)) - Disk((0.5, 0.5), 0.2)
+    cylinder = SpaceTime(plate, (0.0, 1.0))
+    slab = Box((0.0, 0.0), (2.0, 1.0), names=("x", "t"))
+    cases = []
+
+    m2 = SmallField(2)
+    packed = plate.boundary_sample(40, seed=0).packed()
+
+    def robin(p: torch.Tensor) -> torch.Tensor:
+        x, n = BoundarySample.unpack(p, 2)
+        return m2.u(x) + 2 * normal_derivative(m2.u, x, n)
+
+    def robin_reference(p: torch.Tensor) -> torch.Tensor:
+        x, n = p[:, :2].clone().requires_grad_(True), p[:, 2:]
+        u = m2.u(x)
+        g, _ = _input_derivatives(u, x)
+        return u + 2 * (g * n).sum(1)
+
+    cases.append((m2, robin, robin_reference, packed))
+
+    def wave(p: torch.Tensor) -> torch.Tensor:
+        d = derivatives(m2.u, p, names=("x", "t"))
+        return time_derivative(m2.u, p, order=2) - 4 * d.partial("x", order=2)
+
+    def wave_reference(p: torch.Tensor) -> torch.Tensor:
+        x = p.clone().requires_grad_(True)
+        _, h = _input_derivatives(m2.u(x), x)
+        return h[:, 1, 1] - 4 * h[:, 0, 0]
+
+    cases.append((m2, wave, wave_reference, slab.interior(40, "lhs", seed=1)))
+
+    m3 = SmallField(3)
+
+    def heat(p: torch.Tensor) -> torch.Tensor:
+        return time_derivative(m3.u, p) - laplacian(m3.u, p, dims=("x", "y"), names=("x", "y", "t"))
+
+    def heat_reference(p: torch.Tensor) -> torch.Tensor:
+        x = p.clone().requires_grad_(True)
+        g, h = _input_derivatives(m3.u(x), x)
+        return g[:, 2] - h[:, 0, 0] - h[:, 1, 1]
+
+    cases.append((m3, heat, heat_reference, cylinder.interior(40, seed=2)))
+    side = cylinder.boundary_sample(40, seed=3)
+    side_packed = torch.cat([side.points, side.normals[:, :2]], 1)
+
+    def neumann(p: torch.Tensor) -> torch.Tensor:
+        return normal_derivative(m3.u, p[:, :3], p[:, 3:], dims=("x", "y"))
+
+    def neumann_reference(p: torch.Tensor) -> torch.Tensor:
+        x = p[:, :3].clone().requires_grad_(True)
+        g, _ = _input_derivatives(m3.u(x), x)
+        return (g[:, :2] * p[:, 3:]).sum(1)
+
+    cases.append((m3, neumann, neumann_reference, side_packed))
+
+    def periodic(p: torch.Tensor) -> torch.Tensor:
+        values = periodic_difference(m2.u, p)
+        slopes = periodic_difference(m2.u, p, lambda u, x: partial(u, x, "x"))
+        return torch.stack([values, slopes], 1)
+
+    def periodic_reference(p: torch.Tensor) -> torch.Tensor:
+        left, right = p[:, :2].clone().requires_grad_(True), p[:, 2:].clone().requires_grad_(True)
+        ul, ur = m2.u(left), m2.u(right)
+        gl, _ = _input_derivatives(ul, left)
+        gr, _ = _input_derivatives(ur, right)
+        return torch.stack([ul - ur, gl[:, 0] - gr[:, 0]], 1)
+
+    cases.append((m2, periodic, periodic_reference, slab.periodic_pairs("x", 20, seed=4)))
+
+    for module, residual, reference, pts in cases:
+        params = list(module.parameters())
+        jac = pointwise_jacobian(module, params, residual, pts, path="func")
+        dense = _dense_rows(reference(pts).reshape(-1), params)
+        assert jac.shape == dense.shape and float(dense.abs().max()) > 1e-3, residual.__name__
+        torch.testing.assert_close(jac, dense, rtol=1e-10, atol=1e-12, msg=residual.__name__)
+        torch.testing.assert_close(residual(pts).detach(), reference(pts).detach(), rtol=1e-12, atol=1e-12)
