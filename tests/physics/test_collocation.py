@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -115,3 +117,44 @@ def test_errors_name_the_fix():
         box.initial(3, "t")
     with pytest.raises(ValueError, match="2 distinct names"):
         Box((0.0, 0.0), (1.0, 1.0), names=("x", "x"))
+
+
+@pytest.mark.filterwarnings("ignore:The balance properties of Sobol")
+@pytest.mark.parametrize("method", RANDOM)
+def test_boundary_sample_gives_boundary_points_and_their_face_normals(method):
+    box = Box((0.0, -1.0, 0.0), (2.0, 1.0, 3.0), names=("x", "y", "t"))
+    for dims in (None, ("x", "y")):
+        points, normals = box.boundary_sample(60, method, seed=1, dims=dims)
+        assert torch.equal(points, box.boundary(60, method, seed=1, dims=dims))
+        lower, upper = torch.tensor(box.lower, dtype=points.dtype), torch.tensor(box.upper, dtype=points.dtype)
+        expected = (points == upper).double() - (points == lower).double()
+        assert torch.equal(normals, expected) and bool((normals.abs().sum(1) == 1).all())
+        if dims is not None:
+            assert normals[:, 2].abs().max() == 0
+
+
+def test_boundary_grid_normals_and_the_corner_nodes():
+    box = Box.unit(2)
+    points, normals = box.boundary_sample(8, "grid")  # the 3 x 3 grid's 8 boundary nodes
+    assert torch.equal(points, box.boundary(8, "grid"))
+    corner = (points == 0).all(1)
+    torch.testing.assert_close(normals[corner], torch.tensor([[-1.0, -1.0]], dtype=torch.float64) / math.sqrt(2))
+    side = (points[:, 0] == 1) & (points[:, 1] == 0.5)
+    assert normals[side].tolist() == [[1.0, 0.0]]
+
+
+def test_periodic_pairs_face_each_other_across_the_coordinate():
+    box = Box((0.0, 0.0), (3.0, 1.0), names=("x", "t"))
+    pairs = box.periodic_pairs("x", 16, "lhs", seed=0)
+    assert pairs.shape == (16, 4)
+    assert torch.equal(pairs[:, :2], box.face("x", "lower", 16, "lhs", seed=0))
+    assert bool((pairs[:, 2] == 3).all()) and torch.equal(pairs[:, 1], pairs[:, 3])
+
+
+def test_box_in_two_dimensions_as_a_piece_of_a_constructive_geometry():
+    """Its arc-length map goes round the rectangle counter-clockwise from the lower-left corner."""
+    box = Box((0.0, 0.0), (2.0, 1.0))
+    points, normals = box._perimeter(np.array([0.0, 0.25, 3.5 / 6, 0.75, 0.9]))  # arc lengths 0, 1.5, 3.5, 4.5, 5.4
+    np.testing.assert_allclose(points, [[0.0, 0.0], [1.5, 0.0], [1.5, 1.0], [0.5, 1.0], [0.0, 0.6]], rtol=0, atol=1e-15)
+    assert normals.tolist() == [[0.0, -1.0], [0.0, -1.0], [0.0, 1.0], [0.0, 1.0], [-1.0, 0.0]]
+    assert box.measure == 2.0 and box.boundary_measure == 6.0

@@ -1,0 +1,60 @@
+"""lit_constrained.physics.geometry: the shared pieces (packing of boundary samples, the proportional
+shares, the 1D sampler) and the 2D boundary as arc-length intervals of its pieces."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lit_constrained.physics import Box, BoundarySample, Disk, Geometry
+from lit_constrained.physics.geometry import BoundaryCurve, allocate, unit_interval_sample
+
+
+def test_packed_boundary_sample_round_trips():
+    sample = Disk((0.0, 0.0), 1.0).boundary_sample(5, seed=0)
+    packed = sample.packed()
+    assert packed.shape == (5, 4)
+    points, normals = BoundarySample.unpack(packed, 2)
+    assert torch.equal(points, sample.points) and torch.equal(normals, sample.normals)
+    x, n = sample  # a tuple
+    assert torch.equal(x, sample.points) and torch.equal(n, sample.normals)
+    with pytest.raises(ValueError, match=r"shape \(N, 4\)"):
+        BoundarySample.unpack(packed[:, :3], 2)
+
+
+def test_allocate_is_proportional_by_largest_remainders_and_exact():
+    assert allocate(10, [1.0, 1.0, 2.0]) == [3, 2, 5]  # shares 2.5, 2.5, 5: the tie goes to the first
+    assert allocate(7, [1.0] * 4) == [2, 2, 2, 1]
+    counts = allocate(100_003, [math.pi, 1.0, 0.001])
+    assert sum(counts) == 100_003 and counts[2] == round(100_003 * 0.001 / (math.pi + 1.001))
+
+
+@pytest.mark.parametrize("method", ["uniform", "lhs", "sobol", "grid"])
+def test_unit_interval_sample_is_n_numbers_in_the_unit_interval(method):
+    v = unit_interval_sample(100, method, np.random.default_rng(0))
+    assert v.shape == (100,) and v.min() >= 0 and v.max() < 1
+    if method in ("lhs", "grid"):  # one in each of the 100 slices
+        assert sorted(np.floor(v * 100).astype(int)) == list(range(100))
+
+
+def test_the_kept_intervals_of_a_disk_cut_by_a_box_edge_are_the_closed_form_angles():
+    """A disk centered on the square's top edge, subtracted: its kept arc is the lower half (angles pi..2pi)."""
+    domain = Box((0.0, 0.0), (1.0, 1.0)) - Disk((0.5, 1.0), 0.25)
+    curve = BoundaryCurve.of(domain)
+    arcs = [(sign, a, b) for leaf, sign, a, b in curve.pieces if isinstance(leaf, Disk)]
+    assert len(arcs) == 1 and arcs[0][0] == -1.0
+    np.testing.assert_allclose(arcs[0][1:], (0.5, 1.0), rtol=0, atol=1e-12)
+    assert math.isclose(curve.length, 4 - 0.5 + math.pi * 0.25, rel_tol=1e-13)
+    assert math.isclose(curve.area(), 1 - math.pi * 0.25**2 / 2, rel_tol=1e-13)
+
+
+def test_box_is_a_geometry_with_the_closed_form_measures_distance_and_normals():
+    box = Box((0.0, -1.0, 2.0), (2.0, 1.0, 3.0))
+    assert isinstance(box, Geometry) and box.measure == 4.0 and box.boundary_measure == 2 * (2 * 2 + 2 * 1 + 2 * 1)
+    x = torch.tensor([[1.0, 0.0, 2.5], [1.9, 0.0, 2.5], [3.0, 2.0, 2.5]], dtype=torch.float64)
+    torch.testing.assert_close(box.signed_distance(x), torch.tensor([-0.5, -0.1, math.sqrt(2)], dtype=torch.float64))
+    assert box.normal(x[1:2]).tolist() == [[1.0, 0.0, 0.0]]
+    assert box.contains(x).tolist() == [True, True, False]
