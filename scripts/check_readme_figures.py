@@ -8,6 +8,12 @@ fit summary and the run's TensorBoard events, and compares every figure the READ
 
     python scripts/check_readme_figures.py                 # a fresh run (about 2 minutes on 2 cores)
     python scripts/check_readme_figures.py --work-dir DIR --reuse   # DIR's earlier run, if there is one
+    python scripts/check_readme_figures.py --ddp           # also the "Scaling out" command: 2 CPU processes
+
+``--ddp`` also runs the README's multi-process command, read from its "Scaling out" section (the
+first ``lit-constrained fit`` line there, which must run on the CPU: ``--trainer.accelerator cpu
+--trainer.devices 2 --trainer.strategy ddp``), and checks the figures the README states about that run
+(:data:`DDP_FIGURES`) with the same tolerances.
 
 Prints one line a figure (README, fresh, tolerance, ok) and exits with status 1 if any figure is out of
 its tolerance or missing from the README. The tolerances: the values at step 0 (before any update, the
@@ -68,19 +74,45 @@ FIGURES: tuple[Figure, ...] = (
 )
 
 
+DDP_FIGURES: tuple[Figure, ...] = (
+    Figure("DDP wall time", rf"2 processes: 5000 steps in {NUMBER} s", "seconds", "factor:3"),
+    Figure("DDP max |c| at the start", rf"2 processes: 5000 steps in \S+ s, max \|c\| {NUMBER} at the start", "c_start", "start"),
+    Figure("DDP max |c| at the end", rf"2 processes: .*? at the start -> {NUMBER} at the end", "c_end", "factor:3"),
+    Figure("DDP val/mse at the end", rf"2 processes: .*? validation MSE {NUMBER}", "val/mse", "factor:2"),
+)
+DDP_SETTINGS = ("--trainer.accelerator cpu", "--trainer.devices 2", "--trainer.strategy ddp")
+
+
+def readme_ddp_command(readme_text: str) -> list[str]:
+    """The README's multi-process command: the first ``lit-constrained fit`` line of a bash block of its
+    "Scaling out" section, as arguments after ``lit-constrained``; it must name the CPU settings."""
+    start = readme_text.index("\n## Scaling out\n")
+    end = readme_text.find("\n## ", start + 1)
+    section = readme_text[start : end if end != -1 else None]
+    for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S):
+        for line in block.splitlines():
+            if line.startswith("lit-constrained fit "):
+                missing = [setting for setting in DDP_SETTINGS if setting not in line]
+                if missing:
+                    raise SystemExit(f"the README's DDP command lacks {missing}: {line}")
+                return line.split()[1:]
+    raise SystemExit("no `lit-constrained fit` line in a bash block of the README's 'Scaling out' section")
+
+
 def console() -> list[str]:
     script = shutil.which("lit-constrained")
     return [script] if script else [sys.executable, "-m", "lit_constrained.console"]
 
 
-def fresh_run(work_dir: Path, reuse: bool) -> str:
-    """The fit's output (its summary), from a run in ``work_dir`` (made now unless ``reuse`` finds one)."""
+def fresh_run(work_dir: Path, reuse: bool, command: list[str] = COMMAND) -> str:
+    """The fit's output (its summary), from a run of ``command`` in ``work_dir`` (made now unless
+    ``reuse`` finds one)."""
     output = work_dir / "fit_output.txt"
     if reuse and output.is_file():
         return output.read_text()
     if (work_dir / "lightning_logs").exists():
         shutil.rmtree(work_dir / "lightning_logs")
-    run = subprocess.run(console() + COMMAND, cwd=work_dir, capture_output=True, text=True, timeout=1800)
+    run = subprocess.run(console() + command, cwd=work_dir, capture_output=True, text=True, timeout=3600)
     if run.returncode != 0:
         raise SystemExit(f"the fit failed (status {run.returncode}):\n{run.stderr[-3000:]}")
     output.write_text(run.stdout)
@@ -140,11 +172,11 @@ def within(readme: str, fresh: float, kind: str) -> bool:
     raise ValueError(f"unknown tolerance {kind!r}")
 
 
-def check(readme_text: str, fresh: dict[str, float]) -> list[str]:
+def check(readme_text: str, fresh: dict[str, float], figures: tuple[Figure, ...] = FIGURES) -> list[str]:
     """One line a figure; the failures start with ``FAIL``."""
     text = " ".join(readme_text.split())  # README lines rewrapped: one space between words
     lines = []
-    for figure in FIGURES:
+    for figure in figures:
         found = re.search(figure.pattern, text)
         if found is None:
             lines.append(f"FAIL {figure.name}: not found in README (pattern {figure.pattern!r})")
@@ -164,13 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     parser.add_argument("--work-dir", type=Path, default=None, help="where to run (default: a new temporary one)")
     parser.add_argument("--reuse", action="store_true", help="use the work dir's earlier run if it has one")
+    parser.add_argument("--ddp", action="store_true", help="also run and check the 'Scaling out' command (2 CPU processes)")
     args = parser.parse_args(argv)
+    readme_text = args.readme.read_text()
     with tempfile.TemporaryDirectory(prefix="readme-figures-") as tmp:
         work_dir = args.work_dir or Path(tmp)
         work_dir.mkdir(parents=True, exist_ok=True)
         out = fresh_run(work_dir, args.reuse)
         fresh = {**event_values(work_dir), **summary_values(out)}
-        lines = check(args.readme.read_text(), fresh)
+        lines = check(readme_text, fresh)
+        if args.ddp:
+            ddp_dir = work_dir / "ddp"
+            ddp_dir.mkdir(exist_ok=True)
+            ddp_out = fresh_run(ddp_dir, args.reuse, readme_ddp_command(readme_text))
+            lines += check(readme_text, summary_values(ddp_out), DDP_FIGURES)
     print("\n".join(lines))
     failures = [line for line in lines if line.startswith("FAIL")]
     print(f"{len(lines) - len(failures)} of {len(lines)} README figures within tolerance of the fresh run")

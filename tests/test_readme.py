@@ -104,18 +104,14 @@ FIGURE_CHECKERS: dict[str, str] = {
     r"\) [0-9.]+ GB, [0-9]+ MB of it PyTorch's CPU build.*?packages": "scripts/check_lean_install.py",
     r"the estimated L_hat.*?did not reproduce in this setting": (
         "tests/callbacks/test_lipschitz.py::test_central_claim_measured"),
-    r"final violation within 10x of fp32.*?over 100x worse": (
-        "tests/callbacks/test_checkpointing.py::test_bf16_mixed_keeps_the_constraints_in_float32"),
     r"to 1e-12 \(float64": "tests/test_ddp.py::test_two_processes_equal_one_process_on_the_union",
 }
 # Numbers that are settings, sizes of an example or derived estimates, not measurements (with why).
 NOT_MEASURED: dict[str, str] = {
     r"lr(?: =|:)? [0-9.]+e-[0-9]+": "a learning rate (a setting)",
     r"\blr=[0-9.]+e-[0-9]+": "a learning rate (a setting)",
-    r"[0-9]+ x [0-9]+ px": "the screenshots' window size (a setting)",
     r"[0-9]+ \"?nodes\"? x [0-9]+ (?:GPUs|process)": "an example cluster",
     r"1000x above its lowest value": "RunHealth's divergence threshold (a setting)",
-    r"a second Ctrl\+C, [0-9]+ s or more after the first": "StopOnSignal's grace period (a setting)",
 }
 # Measured once and stated, not yet reproduced by a checker (each named in the session's report).
 UNCHECKED: dict[str, str] = {}
