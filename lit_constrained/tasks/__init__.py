@@ -1,4 +1,5 @@
-"""The papers' tasks (spring, chemistry, Burgers, Darcy) and the 2D Poisson problem.
+"""The papers' tasks (spring, chemistry, Burgers, Darcy), the 2D Poisson problem and four PINNacle problems
+(Burgers1d-C, Poisson2d-C, Wave1d-C, Heat2d-MS: :mod:`lit_constrained.tasks.pinnacle`).
 
 Darcy is imported on first use (``lit_constrained.tasks.Darcy`` or ``lit_constrained.tasks.darcy``); its
 FNO needs neuraloperator, the optional ``[fno]`` extra, imported only when a ``Darcy`` is built."""
@@ -9,10 +10,15 @@ from .spring import Spring, SpringData
 from .chemistry import Chemistry, ChemistryData
 from .burgers import Burgers, BurgersData
 from .poisson import Poisson, PoissonData
+from .pinnacle import (
+    BurgersPinnacle, BurgersPinnacleData, HeatPinnacle, HeatPinnacleData, PoissonPinnacle, PoissonPinnacleData,
+    WavePinnacle, WavePinnacleData,
+)
 
 __all__ = [
     "Spring", "SpringData", "Chemistry", "ChemistryData", "Burgers", "BurgersData", "Poisson", "PoissonData",
-    "Darcy", "DarcyData",
+    "Darcy", "DarcyData", "BurgersPinnacle", "BurgersPinnacleData", "PoissonPinnacle", "PoissonPinnacleData",
+    "WavePinnacle", "WavePinnacleData", "HeatPinnacle", "HeatPinnacleData",
 ]
 
 

@@ -1,0 +1,170 @@
+"""The PINNacle tasks: their points lie where they belong, their residuals match nested autograd, their
+per-point Jacobian the dense one, their objective is PINNacle's sum of MSEs, and a short fit imposes
+their conditions (small networks and point counts: the tests take seconds)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+
+from lit_constrained.optim.jacobian import constraint_jacobian
+from lit_constrained.tasks import pinnacle
+from lit_constrained.tasks.pinnacle import (
+    BurgersPinnacle, BurgersPinnacleData, HeatPinnacle, HeatPinnacleData, PoissonPinnacle, PoissonPinnacleData,
+    WavePinnacle, WavePinnacleData,
+)
+from lit_constrained.tasks.pinnacle_burgers_data import NU, burgers_exact
+from lit_constrained.tasks.pinnacle_heat_data import DIFFUSIVITY, heat_exact
+from lit_constrained.tasks.pinnacle_poisson_data import CENTERS, RADIUS, boundary_split
+from lit_constrained.tasks.pinnacle_wave_data import wave_exact
+
+SMALL = {"n_pde": 12, "n_boundary": 8, "n_pde_imposed": 3, "n_boundary_imposed": 4, "n_check": 6, "cache_dir": None}
+TIMED = {"n_initial": 8, "n_initial_imposed": 3}
+DATA = {
+    "burgers": (BurgersPinnacle, BurgersPinnacleData, {**SMALL, **TIMED, "n_test_x": 9, "n_test_t": 5}),
+    "poisson": (PoissonPinnacle, PoissonPinnacleData, {**SMALL, "n_reference": 40, "test_stride": 4}),
+    "wave": (WavePinnacle, WavePinnacleData, {**SMALL, **TIMED, "n_test": 9}),
+    "heat": (HeatPinnacle, HeatPinnacleData, {**SMALL, **TIMED, "n_test_x": 9, "n_test_y": 3, "n_test_t": 3}),
+}
+
+
+def small(problem: str, **overrides):
+    task, data, args = DATA[problem]
+    torch.manual_seed(0)
+    return task(hidden=8, depth=2, dtype="float64"), data(**{**args, **overrides})
+
+
+def test_burgers_points_lie_where_they_belong_and_are_seeded():
+    _, data = small("burgers")
+    a = data.arrays
+    assert ((a["x_pde"][:, 0] > -1) & (a["x_pde"][:, 0] < 1) & (a["x_pde"][:, 1] > 0) & (a["x_pde"][:, 1] < 1)).all()
+    for key in ("x_boundary", "x_boundary_imposed", "x_boundary_check"):
+        assert np.isin(a[key][:, 0], [-1.0, 1.0]).all(), key
+    for key in ("x_initial", "x_initial_imposed", "x_initial_check"):
+        assert (a[key][:, 1] == 0).all(), key
+    assert a["x_test"].shape == (45, 2)
+    assert np.allclose(a["u_test"], burgers_exact(a["x_test"][:, 0], a["x_test"][:, 1]))
+    again = small("burgers")[1].arrays
+    assert all(np.array_equal(a[k], again[k]) for k in a)
+    assert not np.array_equal(a["x_pde"], a["x_pde_imposed"][:1].repeat(len(a["x_pde"]), 0))
+
+
+def test_poisson_points_avoid_the_holes_and_split_the_boundary_by_length():
+    _, data = small("poisson", n_pde=200, n_boundary=100)
+    a = data.arrays
+    distance = np.linalg.norm(a["x_pde"][:, None] - CENTERS[None], axis=2).min(1)
+    assert (distance > RADIUS).all() and (np.abs(a["x_pde"]) < 0.5).all()
+    assert a["x_pde"].shape == (200, 2)
+    outer, holes = boundary_split(100)
+    assert (outer, holes) == (round(100 * 4 / (4 + 0.8 * math.pi)), 100 - outer)
+    assert a["x_outer"].shape == (outer, 2) and (np.abs(a["x_outer"]) == 0.5).any(1).all()
+    on_circle = np.linalg.norm(a["x_holes"][:, None] - CENTERS[None], axis=2).min(1)
+    assert a["x_holes"].shape == (holes, 2) and np.allclose(on_circle, RADIUS)
+    assert np.isfinite(a["u_test"]).all() and (a["u_test"] >= 0).all() and (a["u_test"] <= 1).all()
+
+
+def test_wave_and_heat_points_lie_where_they_belong():
+    a = small("wave")[1].arrays
+    assert np.isin(a["x_boundary"][:, 0], [0.0, 1.0]).all() and (a["x_initial"][:, 1] == 0).all()
+    assert np.allclose(a["u_test"], wave_exact(torch.from_numpy(a["x_test"])).numpy())
+    h = small("heat")[1].arrays
+    assert (np.isin(h["x_boundary"][:, 0], [0.0, 1.0]) | np.isin(h["x_boundary"][:, 1], [0.0, 1.0])).all()
+    assert ((h["x_boundary"][:, 2] >= 0) & (h["x_boundary"][:, 2] <= 5)).all() and (h["x_initial"][:, 2] == 0).all()
+    assert np.allclose(h["u_test"], heat_exact(torch.from_numpy(h["x_test"])).numpy())
+
+
+def _grads(model, x):
+    """u, its gradient and the diagonal of its Hessian by nested torch.autograd.grad (the reference)."""
+    x = x.clone().requires_grad_(True)
+    u = model(x)
+    (g,) = torch.autograd.grad(u.sum(), x, create_graph=True)
+    second = torch.stack([torch.autograd.grad(g[:, i].sum(), x, create_graph=True)[0][:, i]
+                          for i in range(x.shape[1])], 1)
+    return u, g, second
+
+
+@pytest.mark.parametrize("problem", list(DATA))
+def test_pde_residual_matches_nested_autograd(problem):
+    model, data = small(problem)
+    x = model.prepare_batch(next(iter(data.train_dataloader())))["x_pde"]
+    u, g, h = _grads(model, x)
+    expected = {
+        "burgers": lambda: g[:, 1] + u * g[:, 0] - NU * h[:, 0],
+        "poisson": lambda: -(h[:, 0] + h[:, 1]),
+        "wave": lambda: h[:, 1] - 4.0 * h[:, 0],
+        "heat": lambda: g[:, 2] - DIFFUSIVITY[0] * h[:, 0] - DIFFUSIVITY[1] * h[:, 1],
+    }[problem]()
+    assert torch.allclose(model.pde_residual(x), expected, atol=1e-12)
+
+
+def test_wave_initial_residual_has_the_value_and_the_velocity():
+    model, data = small("wave")
+    x = model.prepare_batch(next(iter(data.train_dataloader())))["x_initial"]
+    u, g, _ = _grads(model, x)
+    r = model.initial_residual(x)
+    assert r.shape == (len(x), 2)
+    assert torch.allclose(r[:, 0], u - torch.sin(math.pi * x[:, 0]) - 0.5 * torch.sin(4 * math.pi * x[:, 0]))
+    assert torch.allclose(r[:, 1], g[:, 1])
+
+
+@pytest.mark.parametrize("problem", list(DATA))
+def test_objective_is_the_sum_of_the_conditions_mse_and_the_jacobian_the_dense_one(problem):
+    model, data = small(problem)
+    batch = model.prepare_batch(next(iter(data.train_dataloader())))
+    by_hand = 0.0
+    for name in model.conditions:
+        r = model.residual(name)(batch[f"x_{name}"])
+        by_hand = by_hand + (r.pow(2).mean(0).sum() if r.dim() == 2 else r.pow(2).mean())
+    assert torch.allclose(model.objective(batch), by_hand)
+    parts = model.imposed(batch)
+    assert list(parts) == list(model.conditions)
+    c = model.constraints(batch)
+    widths = {"wave": {"initial": 2}}.get(problem, {})
+    assert c.shape == (sum(len(p.points) * widths.get(n, 1) for n, p in parts.items()),)
+    params = list(model.parameters())
+    dense = constraint_jacobian(c, params, method="loop")
+    assert torch.allclose(model.constraint_jacobian(batch, c, params), dense, atol=1e-10)
+
+
+def test_nothing_imposed_means_no_parts_and_validation_covers_every_condition():
+    model, data = small("burgers", n_pde_imposed=0, n_boundary_imposed=0, n_initial_imposed=0)
+    batch = model.prepare_batch(next(iter(data.val_dataloader())))
+    assert model.imposed(batch) is None
+    assert model.validation_constraints(batch).shape == (3 * 6,)
+    rel = model.evaluation_metrics(batch, "val")["rel_l2"]
+    expected = (model(batch["x_test"]) - batch["u_test"]).norm() / batch["u_test"].norm()
+    assert torch.allclose(rel, expected)
+    with pytest.raises(ValueError, match="n_pde must be an integer >= 1"):
+        BurgersPinnacleData(n_pde=0, cache_dir=None)
+
+
+@pytest.mark.parametrize("problem", ["poisson", "wave"])
+def test_a_short_fit_with_sqp_adam_imposes_the_conditions(problem):
+    """Ten SQP-Adam steps (lr 1e-4, the full normal step) on a small network: max |c| falls by 1e3 or more."""
+    task, data_cls, args = DATA[problem]
+    torch.manual_seed(0)
+    model = task(hidden=16, depth=2, dtype="float64", num_threads=1,
+                 optimizer={"class_path": "lit_constrained.optim.SQPAdam", "init_args": {"lr": 1e-4, "rho": "full"}})
+    data = data_cls(**args)
+    batch = model.prepare_batch(next(iter(data.train_dataloader())))
+    start = float(model.constraints(batch).detach().abs().max())
+    trainer = pl.Trainer(max_steps=10, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.fit(model, data)
+    end = float(model.constraints(batch).detach().abs().max())
+    assert end < 1e-3 * start
+
+
+def test_the_pinnacle_names_map_to_the_tasks():
+    assert set(pinnacle.PINNACLE_NAMES) == {"Burgers1d-C", "Poisson2d-C", "Wave1d-C", "Heat2d-MS"}
+    assert all(issubclass(t, pinnacle.PinnacleTask) for t in pinnacle.PINNACLE_NAMES.values())
+    model = PoissonPinnacle()
+    assert [p.shape for p in model.net.parameters()][:2] == [torch.Size([100, 2]), torch.Size([100])]
+    assert sum(isinstance(m, torch.nn.Tanh) for m in model.net) == 5
