@@ -75,8 +75,9 @@ FIGURES: tuple[Figure, ...] = (
 
 
 DDP_FIGURES: tuple[Figure, ...] = (
-    Figure("DDP wall time", rf"2 processes: 5000 steps in {NUMBER} s", "seconds", "factor:3"),
-    Figure("DDP max |c| at the start", rf"2 processes: 5000 steps in \S+ s, max \|c\| {NUMBER} at the start", "c_start", "start"),
+    Figure("DDP steps", rf"2 processes: {NUMBER} steps in", "steps", "relative:0"),
+    Figure("DDP wall time", rf"2 processes: \S+ steps in {NUMBER} s", "seconds", "factor:3"),
+    Figure("DDP max |c| at the start", rf"2 processes: .*? max \|c\| {NUMBER} at the start", "c_start", "start"),
     Figure("DDP max |c| at the end", rf"2 processes: .*? at the start -> {NUMBER} at the end", "c_end", "factor:3"),
     Figure("DDP val/mse at the end", rf"2 processes: .*? validation MSE {NUMBER}", "val/mse", "factor:2"),
 )
@@ -95,7 +96,10 @@ def readme_ddp_command(readme_text: str) -> list[str]:
                 missing = [setting for setting in DDP_SETTINGS if setting not in line]
                 if missing:
                     raise SystemExit(f"the README's DDP command lacks {missing}: {line}")
-                return line.split()[1:]
+                arguments = line.split()[1:]
+                # the README's paths are relative to the repository root; the run goes in its own directory
+                return [str(ROOT / arg) if previous == "--config" else arg
+                        for previous, arg in zip(["", *arguments], arguments)]
     raise SystemExit("no `lit-constrained fit` line in a bash block of the README's 'Scaling out' section")
 
 
@@ -122,9 +126,9 @@ def fresh_run(work_dir: Path, reuse: bool, command: list[str] = COMMAND) -> str:
 def summary_values(out: str) -> dict[str, float]:
     """Figures of the fit summary: wall time, max |c| start / end / ratio, the validation figures."""
     values: dict[str, float] = {}
-    steps = re.search(r"steps\s+5000 in ([0-9.]+) s", out)
+    steps = re.search(r"steps\s+([0-9]+) in ([0-9.]+) s", out)
     if steps:
-        values["seconds"] = float(steps.group(1))
+        values["steps"], values["seconds"] = float(steps.group(1)), float(steps.group(2))
     c = re.search(r"max \|c\|\s+(\S+) at the start -> (\S+) at the end \(x (\S+)\)", out)
     if c:
         values["c_start"], values["c_end"], values["c_ratio"] = map(float, c.groups())

@@ -100,6 +100,8 @@ FIGURE_CHECKERS: dict[str, str] = {
     r"a fresh run's \(AMD EPYC.*?\(`residual/val`; see Monitoring\)": "scripts/check_readme_figures.py",
     r"the step-0 values to 0\.1 %.*?the time within 3x\)": "scripts/check_readme_figures.py",  # its tolerances
     r"the final values \(-[0-9.]+ for [0-9.e-]+\)": "scripts/check_readme_figures.py",
+    r"A fresh run on 2 processes: .*?checks these figures \(the time within 3x, max \|c\| 3x, the MSE 2x\)": (
+        "scripts/check_readme_figures.py --ddp"),
     r"The screenshot at the top is the first line's run.*?checked by the same script\)": "scripts/check_readme_figures.py",
     r"\) [0-9.]+ GB, [0-9]+ MB of it PyTorch's CPU build.*?packages": "scripts/check_lean_install.py",
     r"the estimated L_hat.*?did not reproduce in this setting": (
@@ -140,7 +142,7 @@ def test_every_registered_figure_passage_is_in_the_readme_and_its_checker_exists
     for pattern, checker in {**FIGURE_CHECKERS, **NOT_MEASURED, **UNCHECKED}.items():
         assert re.search(re.sub(r" ", r"\\s+", pattern), text, flags=re.S), f"not in README: {pattern}"
     for checker in FIGURE_CHECKERS.values():
-        path, _, test = checker.partition("::")
+        path, _, test = checker.split()[0].partition("::")
         assert (ROOT / path).is_file(), checker
         if test:
             assert re.search(rf"^def {test}\(", (ROOT / path).read_text(), flags=re.M), checker
@@ -169,8 +171,12 @@ def test_the_first_fit_figures_are_the_ones_the_script_checks():
     finally:
         sys.modules.pop(spec.name, None)
     text = " ".join((ROOT / "README.md").read_text().split())
-    for figure in script.FIGURES:
+    for figure in (*script.FIGURES, *script.DDP_FIGURES):
         assert re.search(figure.pattern, text), figure.name
+    # the README's multi-process command, as --ddp runs it: on the CPU, 2 processes, DDP, the config found
+    command = script.readme_ddp_command((ROOT / "README.md").read_text())
+    assert command[0] == "fit" and Path(command[command.index("--config") + 1]).is_file()
+    assert " ".join(command).count("--trainer.accelerator cpu --trainer.devices 2 --trainer.strategy ddp") == 1
     # its tolerance rule against values computed here: a README value within its printed precision or the
     # tolerance passes, one outside fails
     assert script.within("6.1e-5", 6.10e-5, "factor:3") and script.within("6.1e-5", 1.8e-4, "factor:3")
