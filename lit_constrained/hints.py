@@ -31,6 +31,14 @@ DERIVATIVE_FIX = (
 """The fix for a derivative taken without ``create_graph=True`` (see :data:`SECOND_BACKWARD`)."""
 
 
+class SetupError(ValueError):
+    """A setting that cannot work, found before the first step, whose message names the fix (the
+    Trainer's gradient clipping, fp16 precision, a missing callback, ...). ``lit-constrained`` prints it
+    as one line, ``lit-constrained <subcommand>: error: <message>``, with exit status 2, as it does
+    argument errors: the traceback would only show where the check is made. In Python it is the
+    ``ValueError`` it subclasses."""
+
+
 def add_hint(error: BaseException, hint: str) -> BaseException:
     """``error`` with ``hint`` appended to what it prints (a note, Python >= 3.11; the message itself
     before), so that re-raising it (``raise``) keeps its type and traceback. Returns ``error``."""

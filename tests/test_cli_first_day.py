@@ -324,3 +324,19 @@ def test_a_class_path_typo_lightningcli_finds_gets_the_nearest_class() -> None:
     message = ("Type typing.Callable[...] expects a function or a callable class: module 'torch.optim' has no "
                "attribute 'Adm'. Got value: Namespace(class_path='torch.optim.Adm')")
     assert cli_error_hint(message) == "torch.optim has no 'Adm': did you mean torch.optim.Adam?"
+
+
+@pytest.mark.parametrize("options, fix", [
+    (["--trainer.gradient_clip_val", "1.0"], "--model.init_args.max_grad_norm 1.0"),
+    (["--trainer.accumulate_grad_batches", "2"], "use a larger batch instead"),
+    (["--trainer.precision", "16-mixed"], "Use precision='bf16-mixed'"),
+    (["--model.init_args.optimizer", "lit_constrained.optim.ConstantStepAdam"],
+     "Add it: in the config, trainer: {callbacks: [{class_path: lit_constrained.callbacks.LipschitzEstimator"),
+])
+def test_a_setting_the_setup_refuses_is_one_line_with_its_fix_and_exit_status_2(tmp_path: Path, options, fix) -> None:
+    """Issue 37: before, a 40-50 line traceback (through Lightning's fit) ended in the message."""
+    readme_example(tmp_path)
+    result = run_console(["fit", "--config", "exp_fit.yaml", *options], tmp_path)
+    errors = [line for line in result["stderr"].splitlines() if "error:" in line]
+    assert result["status"] == 2 and "Traceback" not in result["stderr"], result["stderr"][-3000:]
+    assert len(errors) == 1 and errors[0].startswith("lit-constrained fit: error: ") and fix in errors[0], errors

@@ -42,6 +42,8 @@ from lit_constrained.callbacks.watchdog import LauncherWatchdog
 from lit_constrained.checkpoint_integrity import read_checkpoint
 from lit_constrained.class_spec import TRUSTED_MODULES, check_checkpoint_names, class_paths_in
 from lit_constrained.cli_parsing import ConstrainedArgumentParser, RunConfigSaver, with_the_default_optimizer
+from lit_constrained.hints import SetupError
+from lit_constrained.module_parts.checkpoint_trust import refuse_another_task
 from lit_constrained.module import DEFAULT_OPTIMIZER, ConstrainedModule
 
 
@@ -181,6 +183,8 @@ def check_trusted_checkpoint(config: Namespace) -> None:
     checkpoint = read_checkpoint(ckpt_path, weights_only=True, map_location="cpu", mmap=True)
     named_in_config = {path.rpartition(".")[0] for path in class_paths_in(config[subcommand].as_dict())}
     check_checkpoint_names(checkpoint, (*TRUSTED_MODULES, *named_in_config), str(ckpt_path))
+    # before LightningCLI puts the checkpoint's task class in place of the config's (issue 37)
+    refuse_another_task(checkpoint, config[subcommand].get("model"), str(ckpt_path), how="the config's model")
 
 
 def put_working_directory_on_path() -> None:
@@ -192,9 +196,21 @@ def put_working_directory_on_path() -> None:
 
 def main(args: Sequence[str] | None = None) -> None:
     """The Lightning part of ``lit-constrained``: ``[-c CONFIG] [--print_config] {fit,validate,test,predict}
-    <options>`` (``args``; None: ``sys.argv[1:]``), run in this process."""
+    <options>`` (``args``; None: ``sys.argv[1:]``), run in this process.
+
+    A :class:`~lit_constrained.hints.SetupError` (a setting that cannot work, its message naming the fix:
+    the Trainer's ``gradient_clip_val``, ``precision='16-mixed'``, ConstantStepAdam without its callback)
+    is printed as one line, ``lit-constrained <subcommand>: error: <message>``, and exits with status 2,
+    as an argument error does; its traceback would only show where the check is made."""
     put_working_directory_on_path()
-    ConstrainedCLI(args=None if args is None else list(args))
+    given = list(sys.argv[1:] if args is None else args)
+    try:
+        ConstrainedCLI(args=None if args is None else given)
+    except SetupError as error:
+        subcommand = next((a for a in given if a in ("fit", "validate", "test", "predict")), None)
+        prog = f"lit-constrained {subcommand}" if subcommand else "lit-constrained"
+        sys.stderr.write(f"{prog}: error: {' '.join(str(error).split())}\n")
+        raise SystemExit(2) from None
 
 
 def run_fit(args: Sequence[str] = (), top_level: Sequence[str] = ()) -> None:

@@ -6,6 +6,9 @@ that shards the parameters, the Trainer's gradient clipping and gradient accumul
 training (:func:`check_training_start`): an lr still None (the callback that sets it is missing); as
 warnings, constraints the optimizer does not impose, a ``ReduceLROnPlateau`` in a fit that never
 validates, and a ``TensorDataset`` served one row per step by DataLoader's default batch size.
+
+Each error is a :class:`~lit_constrained.hints.SetupError` (a ``ValueError``): its message names the
+fix, and ``lit-constrained`` prints it as one line with exit status 2.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from ..hints import not_imposed_hint, one_row_loader_hint
+from ..hints import SetupError, not_imposed_hint, one_row_loader_hint
 
 SHARDING_STRATEGIES: tuple[type, ...] = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)
 """Lightning strategies that shard the parameters (rejected at fit: the optimizers need the whole x)."""
@@ -60,24 +63,24 @@ def check_trainer(trainer: Any, task_name: str) -> None:
     if precision.startswith("16") or (asked or "").startswith("16"):
         shown = asked if (asked or "").startswith("16") else precision
         ran_as = f" (Lightning would run it as {precision!r} here)" if shown != precision else ""
-        raise ValueError(
+        raise SetupError(
             f"precision={shown!r} is not supported{ran_as}: fp16 AMP's grad scaler cannot carry a "
             "constraint Jacobian. Use precision='bf16-mixed' (the constraints and their Jacobian are "
             "then evaluated in float32) or '32-true'."
         )
     if precision == "bf16-true":
-        raise ValueError(
+        raise SetupError(
             "precision='bf16-true' is not supported: bfloat16 parameters and residuals (8 significant "
             "bits) cap the constraint violation near 1e-3. Use precision='bf16-mixed' (constraints and "
             "their Jacobian in float32) or '32-true'."
         )
     if isinstance(trainer.strategy, SHARDING_STRATEGIES):
-        raise ValueError(
+        raise SetupError(
             f"strategy {type(trainer.strategy).__name__} is not supported: sharded parameters break the "
             "flat-vector linear algebra of the constrained optimizers. Use strategy='ddp'."
         )
     if trainer.gradient_clip_val:
-        raise ValueError(
+        raise SetupError(
             f"Trainer(gradient_clip_val={trainer.gradient_clip_val}) does not apply to the constrained "
             "step (manual optimization): clip with the module's max_grad_norm instead (the objective "
             "gradient's 2-norm, before the step). Remove gradient_clip_val and set, in the config, "
@@ -86,7 +89,7 @@ def check_trainer(trainer: Any, task_name: str) -> None:
             f"{task_name}(..., max_grad_norm={trainer.gradient_clip_val})."
         )
     if trainer.accumulate_grad_batches != 1:
-        raise ValueError(
+        raise SetupError(
             "Trainer(accumulate_grad_batches=...) is not supported (the constraints and their Jacobian "
             "belong to one point): use a larger batch instead."
         )
@@ -105,7 +108,7 @@ def check_lr_is_set(optimizer: Optimizer, why: str) -> None:
     if not any(group.get("lr", 0.0) is None for group in optimizer.param_groups):
         return
     name = type(optimizer).__name__
-    raise ValueError(
+    raise SetupError(
         f"{name} has lr=None: its step size is set at the start of training by the LipschitzEstimator "
         f"callback, {why}. Add it: in the config, trainer: {{callbacks: [{{class_path: "
         "lit_constrained.callbacks.LipschitzEstimator, init_args: {num_samples: 10, mode: full}}]}; in "
