@@ -211,11 +211,12 @@ class ConstrainedModule(pl.LightningModule, ABC):
         self._imposed_layout = part_layout(values, parts)
         return concatenate_parts(values)
 
-    def constraint_senses(self) -> str | Sequence[str] | None:
-        """The sense of the rows of :meth:`constraints`, for a task that overrides it without
+    def constraint_senses(self, m: int) -> str | Sequence[str] | None:
+        """The sense of the m rows of :meth:`constraints`, for a task that overrides it without
         :meth:`imposed`: ``"="`` (c_i = 0), ``"<="`` (c_i <= 0) or ``">="`` (c_i >= 0), one string for
-        every row or a sequence of one per row. None (the default): every row is an equality, or the
-        senses of the :meth:`imposed` parts (``Imposed(..., sense=">=")``), which this overrides."""
+        every row or a sequence of m, one per row (e.g. ``("=",) + (">=",) * (m - 1)``). None (the
+        default): every row is an equality, or the senses of the :meth:`imposed` parts
+        (``Imposed(..., sense=">=")``), which a non-None value overrides."""
         return None
 
     def constraint_signs(self, m: int) -> Tensor | None:
@@ -223,7 +224,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
         ``">="``; None when every row is an equality): :meth:`constraint_senses`, else the imposed
         parts' senses (:func:`~lit_constrained.imposed.layout_signs`). The same tensor while the senses
         stay the same (the step caches its split of the rows by it)."""
-        senses = self.constraint_senses()
+        senses = self.constraint_senses(m)
         if senses is not None:
             key: Any = ("senses", senses if isinstance(senses, str) else tuple(senses), m)
         else:

@@ -61,7 +61,8 @@ class LineBySenses(Line):
     def constraints(self, batch: Any) -> Tensor:
         return torch.cat([self.u(self.x_bc), self.u(self.x_above) - psi(self.x_above), self.u(self.x_below) - 0.3])
 
-    def constraint_senses(self) -> tuple[str, ...]:
+    def constraint_senses(self, m: int) -> tuple[str, ...]:
+        assert m == 7
         return ("=",) * 2 + (">=",) * 3 + ("<=",) * 2
 
 
