@@ -5,6 +5,11 @@ On the logger's steps (Lightning's ``log_every_n_steps``): ``Objective/train`` a
 the optimizer's diagnostics under ``optim/<name>`` once they vary (:class:`DiagnosticCharts`). At step
 0, if it is not a logging step, the start values are written directly, so that every curve starts at
 the initial weights. Only logging steps read a tensor's value on the host (one sync for all).
+
+With inequality rows the step's ``constraints`` are already :math:`v` (c on the equality rows,
+:math:`\max(g, 0)` on the inequality rows: :func:`lit_constrained.imposed.violated_part`), so every
+``Violation/*`` here counts only the violated part of an inequality row; the optimizer's ``active`` and
+``dual_max`` diagnostics are charted as ``optim/active`` and ``optim/dual_max`` like any other.
 """
 
 from __future__ import annotations

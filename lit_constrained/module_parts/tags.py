@@ -8,14 +8,17 @@ Tag families (one name, one meaning):
                          BEFORE update s+1, at step s (step 0: the start); ``val``/``test``: the
                          mean over the evaluation batches.
 ``Violation/<stage>``    :math:`\\max_i |c_i|` of the m IMPOSED constraints (``constraints(batch)``);
-                         ``val``/``test``: at the evaluated weights, the max over the batches.
+                         ``val``/``test``: at the evaluated weights, the max over the batches. An
+                         inequality row (sense ``<=``/``>=``) counts by its violated part only,
+                         :math:`\\max(g_i, 0)` (:func:`lit_constrained.imposed.violated_part`).
 ``Violation/<part>/<s>`` the same over one part of a task's ``imposed()`` (e.g.
                          ``Violation/pde/train``, ``Violation/boundary/val``), for a task that
                          imposes two parts or more (one part's is ``Violation/<stage>`` itself).
 ``residual/<stage>``     :math:`\\max |r|` over every point of ``validation_constraints(batch)``
                          (e.g. all collocation points), only for a task that overrides it.
 ``<stage>/<name>``       the task's ``evaluation_metrics`` (e.g. ``val/mse``).
-``optim/<name>``         optimizer diagnostics, charted only if it changes (then at every step; a
+``optim/<name>``         optimizer diagnostics (with inequality rows also ``optim/active``, the
+                         active rows, and ``optim/dual_max``, the largest multiplier), charted only if it changes (then at every step; a
                          constant, such as a full rank, rho or lr without a scheduler, is written once
                          to the run's text summary instead of as a flat chart).
 ``prediction``           the task's ``prediction_figure()`` at every validation (Images tab).
