@@ -10,6 +10,10 @@ A PINN :math:`u_\theta(x, y)` (2 -> 20 x 2 tanh -> 1, as PINA's ``FeedForward`` 
 
 the PDE imposed exactly at ``n_pde_imposed`` interior points and the boundary value at
 ``n_boundary_imposed`` boundary points (``Violation/pde/<stage>``, ``Violation/boundary/<stage>``).
+The imposed c and its Jacobian are evaluated in float64 at the float32 weights by default
+(``constraint_dtype="float64"``, :mod:`lit_constrained.module_parts.constraint_precision`: the PDE is of
+second order, and its float32 evaluation noise, ~6e-6, amplified by the ill-conditioned J J^T, kept max |c|
+near 1e-4; docs/float32.md); the objective and everything else stay float32.
 The Laplacian is :func:`lit_constrained.physics.laplacian` (torch.func, so the per-point Jacobian
 engine differentiates it point by point). ``residual/val``: max |r| over the held-out check points (a
 grid: the PDE inside, u = 0 on the boundary). Test metric: ``val/rel_l2`` against the exact solution
@@ -26,6 +30,7 @@ from torch import Tensor
 from lit_constrained.imposed import Imposed
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
+from lit_constrained.module_parts.constraint_precision import ConstraintDType, check_constraint_dtype, promote_parts
 from lit_constrained.physics import laplacian
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
 from lit_constrained.tasks.poisson_data import PoissonData, poisson_exact, poisson_figure, poisson_forcing
@@ -40,15 +45,19 @@ class Poisson(ConstrainedModule):
         hidden: width of the hidden layers. depth: number of hidden layers.
         boundary_weight: weight w_b of the boundary term in the objective.
         dtype: ``"float32"`` or ``"float64"`` for the network (batches are cast to it).
+        constraint_dtype: ``"float64"`` (the default) evaluates the imposed c and J in float64 at the
+            network's weights; ``"native"`` in the network's dtype (float32: max |c| stalls near 1e-4 at
+            3 000 steps, docs/float32.md). No effect for a float64 network.
         **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
 
     cast_batch_to_dtype = True
 
     def __init__(self, hidden: int = 20, depth: int = 2, boundary_weight: float = 1.0,
-                 dtype: DTypeName = "float32", **kwargs: Any) -> None:
+                 dtype: DTypeName = "float32", constraint_dtype: ConstraintDType = "float64", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.boundary_weight = float(boundary_weight)
+        self.constraint_dtype = check_constraint_dtype(constraint_dtype)
         self.net = mlp(2, hidden, depth, 1)
         self.to(torch_dtype(dtype))
 
@@ -69,7 +78,8 @@ class Poisson(ConstrainedModule):
     def imposed(self, batch: dict[str, Tensor]) -> dict[str, Imposed] | None:
         parts = {"pde": Imposed(self.pde_residual, batch["x_pde_imposed"]),
                  "boundary": Imposed(self.boundary_residual, batch["x_bc_imposed"])}
-        return {name: part for name, part in parts.items() if len(part.points)} or None
+        return promote_parts(self, {name: part for name, part in parts.items() if len(part.points)} or None,
+                             self.constraint_dtype)
 
     def validation_constraints(self, batch: dict[str, Tensor]) -> Tensor:
         """The residuals at the held-out check points (the PDE inside, u = 0 on the boundary)."""

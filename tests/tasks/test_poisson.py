@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -97,3 +98,26 @@ def test_short_fit_imposes_both_parts_and_improves_the_solution():
     assert float(metrics["Violation/boundary/val"]) < 1e-3 * start_violation
     assert float(metrics["val/rel_l2"]) < 0.5 * start_error
     assert model.prediction_figure() is not None
+
+
+def test_imposed_c_and_j_are_float64_evaluations_at_the_float32_weights_by_default():
+    torch.manual_seed(0)
+    model = Poisson()  # float32 network, constraint_dtype="float64"
+    data = PoissonData(n_pde=16, n_boundary=8, n_pde_imposed=40, n_boundary_imposed=4)  # 40: the torch.func path
+    batch = model.prepare_batch(next(iter(data.train_dataloader())))
+    params = list(model.parameters())
+    c = model.constraints(batch)
+    J = model.constraint_jacobian(batch, c, params)
+    twin = copy.deepcopy(model).double()  # an independent float64 evaluation of the same weights and points
+    wide = {key: value.double() for key, value in batch.items()}
+    reference = torch.cat([twin.pde_residual(wide["x_pde_imposed"]), twin(wide["x_bc_imposed"])])
+    dense = constraint_jacobian(reference, list(twin.parameters()), method="loop")
+    assert c.dtype == torch.float64 and torch.equal(c.detach(), reference.detach())
+    assert (J - dense).abs().max() <= 2**-24 * dense.abs().max() * 1.01  # each entry rounded once to float32
+    assert model.objective(batch).dtype == torch.float32  # the objective stays in the network's dtype
+    native = Poisson(constraint_dtype="native")
+    native.load_state_dict(model.state_dict())
+    c32 = native.constraints(batch)
+    assert c32.dtype == torch.float32 and 0 < (c32.double() - reference).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="constraint_dtype"):
+        Poisson(constraint_dtype="float16")
