@@ -270,7 +270,8 @@ class Box(Geometry):
 
     def _signed_distance(self, x: np.ndarray) -> np.ndarray:
         q = np.abs(x - self._center) - self._half
-        outside = np.linalg.norm(np.maximum(q, 0.0), axis=1)
+        positive = np.maximum(q, 0.0)
+        outside = np.sqrt(np.einsum("ij,ij->i", positive, positive))
         return outside + np.minimum(q.max(axis=1), 0.0)
 
     def _normal(self, x: np.ndarray) -> np.ndarray:
@@ -295,14 +296,13 @@ class Box(Geometry):
         if self.dim != 2:
             raise ValueError("A box's arc-length map is its 2D rectangle's.")
         (ax, ay), (bx, by) = self.lower, self.upper
-        breaks = self._perimeter_breaks
-        u = np.mod(u, 1.0)
-        side = np.clip(np.searchsorted(breaks, u, side="right") - 1, 0, 3)
-        t = (u - breaks[side]) / (breaks[side + 1] - breaks[side])
-        starts = np.array([[ax, ay], [bx, ay], [bx, by], [ax, by]])
-        ends = np.array([[bx, ay], [bx, by], [ax, by], [ax, ay]])
+        width, height = bx - ax, by - ay
+        arc = np.mod(u, 1.0) * (2 * (width + height))
+        side = (arc >= width).astype(np.intp) + (arc >= width + height) + (arc >= 2 * width + height)
+        points = np.empty((len(arc), 2))
+        points[:, 0] = np.choose(side, [ax + arc, bx, bx - (arc - width - height), ax])
+        points[:, 1] = np.choose(side, [ay, ay + (arc - width), by, by - (arc - 2 * width - height)])
         outward = np.array([[0.0, -1.0], [1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
-        points = starts[side] + t[:, None] * (ends[side] - starts[side])
         return points, outward[side]
 
     def grid(self, points_per_axis: int | Sequence[int], dtype: torch.dtype = torch.float64) -> Tensor:

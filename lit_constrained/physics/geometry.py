@@ -285,7 +285,7 @@ class BoundaryCurve:
     """
 
     RESOLUTION = 4096
-    BISECTIONS = 60
+    BISECTIONS = 44  # from 1/RESOLUTION = 2^-12 of a piece's boundary to 2^-56
     #: the perturbation of the test, relative to the diameter (an end point's error is about this)
     EPSILON = 1e-12
 
@@ -295,8 +295,9 @@ class BoundaryCurve:
         lengths = np.array([leaf.boundary_measure * (b - a) for leaf, _, a, b in pieces])
         self.lengths = lengths
         self.cumulative = np.concatenate([[0.0], np.cumsum(lengths)])
-        self._starts = np.array([a for *_, a, _ in pieces])
-        self._ends = np.array([b for *_, b in pieces])
+        starts, ends = np.array([a for *_, a, _ in pieces]), np.array([b for *_, b in pieces])
+        self._slope = (ends - starts) / lengths
+        self._offset = starts - self.cumulative[:-1] * self._slope
         self._leaves: list[tuple[Geometry, float]] = []
         leaf_of_piece = []
         for leaf, sign, _, _ in pieces:
@@ -313,43 +314,47 @@ class BoundaryCurve:
         return float(self.cumulative[-1])
 
     @staticmethod
-    def _kept(domain: Geometry, leaves: list[tuple[Geometry, float]], index: int, u: np.ndarray) -> np.ndarray:
-        leaf, sign = leaves[index]
-        points, normals = leaf._perimeter(u)
-        normals = sign * normals
+    def _kept(domain: Geometry, leaves: list[tuple[Geometry, float]], us: list[np.ndarray]) -> list[np.ndarray]:
+        """Whether each leaf's points at the parameters ``us[i]`` lie on the domain's boundary (one test
+        of all the leaves' points together)."""
+        drawn = [leaf._perimeter(u) for (leaf, _), u in zip(leaves, us)]
+        points = np.concatenate([p for p, _ in drawn])
+        normals = np.concatenate([sign * n for (_, sign), (_, n) in zip(leaves, drawn)])
+        owner = np.repeat(np.arange(len(leaves)), [len(u) for u in us])
         eps = BoundaryCurve.EPSILON * domain.scale
         keep = (domain._signed_distance(points - eps * normals) < 0) & (domain._signed_distance(points + eps * normals) > 0)
-        for other, other_sign in leaves[:index]:
-            on = np.abs(other._signed_distance(points)) <= eps
+        for j, (other, other_sign) in enumerate(leaves[:-1]):
+            on = (owner > j) & (np.abs(other._signed_distance(points)) <= eps)  # on an earlier leaf's boundary
             if on.any():
-                same = np.einsum("ij,ij->i", other_sign * other._normal(points), normals) > 0.5
-                keep &= ~(on & same)
-        return keep
+                rows = np.flatnonzero(on)
+                same = np.einsum("ij,ij->i", other_sign * other._normal(points[rows]), normals[rows]) > 0.5
+                keep[rows[same]] = False  # ... with the same normal: that leaf's point
+        return np.split(keep, np.cumsum([len(u) for u in us])[:-1])
 
     @classmethod
     def of(cls, domain: Geometry) -> BoundaryCurve:
         leaves = domain._leaves()
         if len(leaves) == 1 and leaves[0][0] is domain:
             return cls(domain, [(domain, 1.0, 0.0, 1.0)])
+        us = [np.union1d(np.linspace(0.0, 1.0, cls.RESOLUTION + 1), leaf._perimeter_breaks) for leaf, _ in leaves]
+        keeps = cls._kept(domain, leaves, us)
+        changes = [np.flatnonzero(keep[1:] != keep[:-1]) for keep in keeps]
+        lo = [u[c] for u, c in zip(us, changes)]
+        hi = [u[c + 1] for u, c in zip(us, changes)]
+        lo_keep = [keep[c] for keep, c in zip(keeps, changes)]
+        for _ in range(cls.BISECTIONS):  # every change of every leaf at once
+            mid = [0.5 * (a + b) for a, b in zip(lo, hi)]
+            same = [at == k for at, k in zip(cls._kept(domain, leaves, mid), lo_keep)]
+            lo = [np.where(sm, m, a) for sm, m, a in zip(same, mid, lo)]
+            hi = [np.where(sm, b, m) for sm, m, b in zip(same, mid, hi)]
         pieces = []
-        for index, (leaf, sign) in enumerate(leaves):
-            u = np.union1d(np.linspace(0.0, 1.0, cls.RESOLUTION + 1), leaf._perimeter_breaks)
-            keep = cls._kept(domain, leaves, index, u)
-            changes = np.flatnonzero(keep[1:] != keep[:-1])
-            lo, hi = u[changes].copy(), u[changes + 1].copy()
-            lo_keep = keep[changes]
-            for _ in range(cls.BISECTIONS):
-                mid = 0.5 * (lo + hi)
-                at_mid = cls._kept(domain, leaves, index, mid)
-                same = at_mid == lo_keep
-                lo = np.where(same, mid, lo)
-                hi = np.where(same, hi, mid)
-            cut = 0.5 * (lo + hi)
+        for (leaf, sign), keep, a, b, k in zip(leaves, keeps, lo, hi, lo_keep):
+            cut = 0.5 * (a + b)
             edges = np.concatenate([[0.0], cut, [1.0]])
-            states = np.concatenate([[keep[0]], ~lo_keep]) if len(cut) else np.array([keep[0]])
-            for a, b, state in zip(edges[:-1], edges[1:], states):
-                if state and b > a:
-                    pieces.append((leaf, sign, float(a), float(b)))
+            states = np.concatenate([[keep[0]], ~k])
+            for start, end, state in zip(edges[:-1], edges[1:], states):
+                if state and end > start:
+                    pieces.append((leaf, sign, float(start), float(end)))
         if not pieces:
             raise ValueError(f"{type(domain).__name__}: the domain has an empty boundary (is it empty?).")
         return cls(domain, pieces)
@@ -358,9 +363,8 @@ class BoundaryCurve:
         """The boundary points (and normals) at the arc-length fractions v in [0, 1) of the whole boundary
         (in v's order), each piece's map called once on its points."""
         s = v * self.length
-        which = np.clip(np.searchsorted(self.cumulative, s, side="right") - 1, 0, len(self.pieces) - 1)
-        a, b = self._starts[which], self._ends[which]
-        u = np.clip(a + (s - self.cumulative[which]) / self.lengths[which] * (b - a), a, b)
+        which = np.searchsorted(self.cumulative[1:-1], s, side="right")  # the piece of each point
+        u = self._offset[which] + self._slope[which] * s  # a + (s - S_j) (b - a) / L_j on piece j
         leaf = self._leaf_of_piece[which]
         points = np.empty((len(v), 2))
         normals = np.empty((len(v), 2))

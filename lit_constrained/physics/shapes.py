@@ -97,7 +97,10 @@ class Ball(Geometry):
         return 2.0 if self.dim == 1 else self.dim * self.measure / self.radius
 
     def _signed_distance(self, x: np.ndarray) -> np.ndarray:
-        return np.linalg.norm(x - self._c, axis=1) - self.radius
+        if self.dim == 2:
+            return np.hypot(x[:, 0] - self.center[0], x[:, 1] - self.center[1]) - self.radius
+        offset = x - self._c
+        return np.sqrt(np.einsum("ij,ij->i", offset, offset)) - self.radius
 
     def _normal(self, x: np.ndarray) -> np.ndarray:
         offset = x - self._c
