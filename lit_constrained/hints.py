@@ -20,11 +20,17 @@ SECOND_BACKWARD = "backward through the graph a second time"
 """Part of torch's message when a ``torch.autograd.grad`` call without ``create_graph=True`` freed a
 graph that a later derivative (or the Jacobian) needs."""
 
+NO_GRAPH = "does not require grad and does not have a grad_fn"
+"""Part of torch's message for a derivative of a tensor with no graph behind it: the result of an
+earlier ``torch.autograd.grad`` call without ``create_graph=True`` (the first derivative of a Laplacian
+taken so, then differentiated again), or points that do not require grad."""
+
 DERIVATIVE_FIX = (
     "A residual with derivatives with respect to the inputs needs create_graph=True in EVERY "
     "torch.autograd.grad call it makes (for a Laplacian: the first derivative AND each second "
     "derivative): a call without it frees the graph the next derivative needs and leaves the result "
-    "without its dependence on the weights, which the constraint Jacobian differentiates. Or use the "
+    "without its dependence on the weights, which the constraint Jacobian differentiates; the points it "
+    "differentiates with respect to need requires_grad_(True). Or use the "
     "operators of lit_constrained.physics (partial, gradient, laplacian, divergence, time_derivative, "
     "derivatives), which need no create_graph: e.g. laplacian(lambda x: self.net(x)[:, 0], x)."
 )
@@ -51,10 +57,23 @@ def add_hint(error: BaseException, hint: str) -> BaseException:
     return error
 
 
-def is_second_backward(error: BaseException) -> bool:
-    """Whether ``error`` is torch's "backward through the graph a second time" without
-    :data:`DERIVATIVE_FIX` attached yet."""
-    return SECOND_BACKWARD in str(error) and DERIVATIVE_FIX not in getattr(error, "__notes__", ())
+def is_derivative_without_graph(error: BaseException) -> bool:
+    """Whether ``error`` is torch's error for a derivative with respect to the inputs that has no graph
+    to go through, without :data:`DERIVATIVE_FIX` attached yet: "backward through the graph a second
+    time" (:data:`SECOND_BACKWARD`: a later call of a residual forgot ``create_graph=True``) or "element 0
+    of tensors does not require grad and does not have a grad_fn" (:data:`NO_GRAPH`: the first call
+    forgot it, or the points do not require grad) raised in a ``torch.autograd.grad`` call (the same
+    words from ``backward()`` mean an objective that does not depend on the weights)."""
+    import traceback
+
+    if DERIVATIVE_FIX in getattr(error, "__notes__", ()):
+        return False
+    text = str(error)
+    if SECOND_BACKWARD in text:
+        return True
+    return NO_GRAPH in text and any(
+        frame.f_code.co_name == "grad" and "autograd" in frame.f_code.co_filename
+        for frame, _ in traceback.walk_tb(error.__traceback__))
 
 
 def describe_batch(batch: Any, depth: int = 0) -> str:

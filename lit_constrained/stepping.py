@@ -60,7 +60,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from .distributed import AllGather, gather_step, row_counts, row_slice
-from .hints import DERIVATIVE_FIX, add_hint, describe_batch, is_second_backward
+from .hints import DERIVATIVE_FIX, add_hint, describe_batch, is_derivative_without_graph
 from .imposed import SenseRows, violated_part
 from .optim.checks import check_constraints, check_objective, count_nonfinite
 from .optim.flat import group_params, numel_real
@@ -250,7 +250,7 @@ class TrainingStepper:
         except RuntimeError as error:
             # a derivative w.r.t. the inputs taken without create_graph=True (in objective(), constraints()
             # or the Jacobian): torch's message does not say which call or what to do
-            if is_second_backward(error):
+            if is_derivative_without_graph(error):
                 raise add_hint(error, DERIVATIVE_FIX)
             raise
 

@@ -71,6 +71,16 @@ class HandWrittenLaplacian(ExpFit):
         return u_xx[:, 0] + u_yy[:, 1]
 
 
+class BothDerivativesWithoutGraph(HandWrittenLaplacian):
+    """u_xx written with torch.autograd.grad, create_graph forgotten in both calls (issue 37)."""
+
+    def constraints(self, batch):
+        x = self.x_pde.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(self.field(x).sum(), x)  # the mistake, twice
+        (u_xx,) = torch.autograd.grad(grad[:, 0].sum(), x)
+        return u_xx[:, 0]
+
+
 def printed(error: BaseException) -> str:
     """What the user reads: the message and its notes, as the traceback prints them."""
     return "".join(traceback.format_exception_only(type(error), error))
@@ -153,6 +163,29 @@ def test_a_laplacian_without_create_graph_points_to_every_call_and_to_physics():
     message = printed(caught.value)
     assert "backward through the graph a second time" in message
     assert "create_graph=True in EVERY torch.autograd.grad call" in message and "lit_constrained.physics" in message
+
+
+@pytest.mark.parametrize("validation", [True, False], ids=["validated-first", "no-validation"])
+def test_create_graph_forgotten_in_both_derivative_calls_names_create_graph(validation):
+    """Before (issue 37): with validation, a hint about the validation batch's shapes; without, no hint."""
+    with pytest.raises(RuntimeError) as caught:
+        fit(BothDerivativesWithoutGraph(), full_batch(64), full_batch(41) if validation else None)
+    message = printed(caught.value)
+    assert "does not require grad and does not have a grad_fn" in message  # torch's own error, kept
+    assert "create_graph=True in EVERY torch.autograd.grad call" in message and "lit_constrained.physics" in message
+    assert "failed on a validation batch" not in message
+
+
+def test_the_derivative_fix_is_not_given_for_a_backward_of_a_graphless_value():
+    from lit_constrained.hints import is_derivative_without_graph
+
+    x = torch.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError) as through_grad:
+        torch.autograd.grad(torch.autograd.grad(x.pow(2).sum(), x)[0].sum(), x)
+    with pytest.raises(RuntimeError) as through_backward:
+        torch.ones(()).backward()  # an objective that does not depend on the weights: another mistake
+    assert is_derivative_without_graph(through_grad.value)
+    assert not is_derivative_without_graph(through_backward.value)
 
 
 def test_gradient_clip_val_names_max_grad_norm_before_lightning_refuses_it():

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..batch import clone_tensors
 from ..imposed import violated_part
-from ..hints import DERIVATIVE_FIX, add_hint, evaluation_hook_hint, is_second_backward
+from ..hints import DERIVATIVE_FIX, add_hint, evaluation_hook_hint, is_derivative_without_graph
 from ..metrics.functional import violation_max
 from ..optim.checks import check_constraints, check_objective
 from ..stepping import row_signs
@@ -67,7 +67,7 @@ def _call_hook(task: Any, hook: str, batch: Any, stage: str) -> Any:
     try:
         return getattr(task, hook)(batch, stage) if hook == "evaluation_metrics" else getattr(task, hook)(batch)
     except Exception as error:
-        if is_second_backward(error):
+        if is_derivative_without_graph(error):
             raise add_hint(error, DERIVATIVE_FIX)
         train_batch = getattr(getattr(task, "stepper", None), "batch_description", None)
         raise add_hint(error, evaluation_hook_hint(type(task).__name__, hook, stage, batch, train_batch))
