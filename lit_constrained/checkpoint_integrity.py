@@ -297,8 +297,10 @@ class IntegrityCheckpointIO(CheckpointIO):
 
     Saving adds the content hash (:func:`with_content_hash`); a local file is written atomically
     (temporary file in the same directory, fsync, rename), other targets through ``inner``. Loading
-    reads through ``inner`` with clear errors (:func:`read_checkpoint`) and checks the hash
-    (:func:`verify_content_hash`). Removing and teardown are ``inner``'s.
+    reads through ``inner`` with clear errors (:func:`read_checkpoint`), checks the hash
+    (:func:`verify_content_hash`), then calls ``check_loaded(checkpoint, path)`` if set (what the module it
+    is restored into requires of it: its task class and shapes, trusted names). Removing and teardown
+    are ``inner``'s.
 
     Args:
         inner: the CheckpointIO that does the reading and writing (default: Lightning's ``TorchCheckpointIO``).
@@ -306,6 +308,7 @@ class IntegrityCheckpointIO(CheckpointIO):
 
     def __init__(self, inner: CheckpointIO | None = None) -> None:
         self.inner = inner if inner is not None else TorchCheckpointIO()
+        self.check_loaded: Callable[[Mapping[str, Any], str], None] | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
         hashed = with_content_hash(checkpoint)
@@ -326,6 +329,8 @@ class IntegrityCheckpointIO(CheckpointIO):
             options["map_location"] = map_location
         checkpoint = read_checkpoint(path, load=lambda: self.inner.load_checkpoint(path, **options))
         verify_content_hash(checkpoint, str(path))
+        if self.check_loaded is not None:
+            self.check_loaded(checkpoint, str(path))
         return checkpoint
 
     def remove_checkpoint(self, path: str | Path) -> None:
@@ -345,11 +350,15 @@ def install_integrity_io(strategy: Any) -> IntegrityCheckpointIO:
     return wrapped
 
 
-def check_before_loading(checkpoint_path: str | Path | IO, trusted: tuple[str, ...]) -> str | Path | IO:
+def check_before_loading(
+    checkpoint_path: str | Path | IO, trusted: tuple[str, ...],
+    inspect: Callable[[Mapping[str, Any], str], None] | None = None,
+) -> str | Path | IO:
     """Read ``checkpoint_path`` once (``weights_only=True``) before Lightning builds anything from it:
     readable (:func:`read_checkpoint`), naming only trusted modules
     (:func:`~lit_constrained.class_spec.check_checkpoint_names`), matching its content hash
-    (:func:`verify_content_hash`). Returns the path, or a rewound in-memory copy of a file object."""
+    (:func:`verify_content_hash`), then ``inspect(checkpoint, name)`` (e.g. the task-class check). Returns
+    the path, or a rewound in-memory copy of a file object."""
     # Lightning's own reader (private, as load_from_checkpoint uses it): local paths, URLs and file objects
     from lightning.fabric.utilities.cloud_io import _load as pl_load
 
@@ -361,6 +370,8 @@ def check_before_loading(checkpoint_path: str | Path | IO, trusted: tuple[str, .
     checkpoint = read_checkpoint(source, load=lambda: pl_load(source, map_location="cpu", weights_only=True))
     check_checkpoint_names(checkpoint, trusted, name)
     verify_content_hash(checkpoint, name)
+    if inspect is not None:
+        inspect(checkpoint, name)
     if isinstance(source, io.BytesIO):
         source.seek(0)
     return source

@@ -29,6 +29,9 @@ from lit_constrained.checkpoint_integrity import (
     read_checkpoint,
     verify_content_hash,
 )
+from lit_constrained import ConstrainedModule
+from lit_constrained.hints import SetupError
+from lit_constrained.module_parts.checkpoint_trust import CheckpointMismatchError
 from lit_constrained.tasks.curve import CurveData, CurveFit
 from tests.helpers.lightning import quiet_trainer
 
@@ -221,3 +224,69 @@ def test_a_full_disk_seen_by_the_logger_is_named_as_such(capsys: pytest.CaptureF
     assert line.startswith("lit-constrained: the disk is full") and "you tried to log" in line and "\n" not in line
     CheckpointIntegrity().on_exception(trainer, None, ValueError("other"))  # type: ignore[arg-type]
     assert capsys.readouterr().err == ""
+
+
+# -- a checkpoint of another task or of other shapes (issue 37, item 13) ------------------------------
+
+SPRING_CONFIG = Path(__file__).resolve().parents[1] / "configs/spring/sqp_adam.yaml"
+
+
+class Elsewhere(ConstrainedModule):
+    """Another task on the curve data (not a CurveFit): a linear model with one anchor."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.line = torch.nn.Linear(1, 1)
+
+    def objective(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return (self.line(x) - y).pow(2).mean()
+
+    def constraints(self, batch: Any) -> torch.Tensor:
+        return self.line(torch.zeros(1, 1)).reshape(-1)
+
+
+def test_a_checkpoint_of_another_task_is_refused_before_restoring_by_fit_and_load(saved: Path) -> None:
+    """``trainer.fit(ckpt_path=)`` and ``load_from_checkpoint``: one line naming the file and both classes."""
+    trainer = quiet_trainer(max_steps=5, limit_val_batches=0)
+    with pytest.raises(CheckpointMismatchError) as resumed:
+        trainer.fit(Elsewhere(optimizer=functools.partial(torch.optim.Adam, lr=1e-2)), _data(), ckpt_path=saved)
+    assert trainer.global_step == 0  # nothing trained
+    with pytest.raises(CheckpointMismatchError) as loaded:
+        Elsewhere.load_from_checkpoint(saved)
+    for raised in (resumed, loaded):
+        message = str(raised.value)
+        assert f"{saved} is a checkpoint of lit_constrained.tasks.curve.CurveFit, not of {__name__}.Elsewhere" in message
+        assert "\n" not in message
+    assert isinstance(resumed.value, SetupError)  # the command line prints it as one line, exit 2
+
+
+def test_a_checkpoint_of_other_parameter_shapes_is_refused_before_restoring(saved: Path) -> None:
+    trainer = quiet_trainer(max_steps=5, limit_val_batches=0)
+    with pytest.raises(CheckpointMismatchError) as raised:  # saved: hidden=8
+        trainer.fit(CurveFit(hidden=4, optimizer=functools.partial(torch.optim.Adam, lr=1e-2)), _data(), ckpt_path=saved)
+    message = str(raised.value)
+    assert str(saved) in message and "lit_constrained.tasks.curve.CurveFit" in message
+    assert "net.0.weight (8, 1) in the checkpoint, (4, 1) in the module" in message and "\n" not in message
+    assert trainer.global_step == 0
+
+
+def test_the_command_line_refuses_another_tasks_checkpoint_in_one_line(
+    cli_saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A spring config resumed from the curve run's checkpoint: refused before LightningCLI puts the
+    checkpoint's class in place of the config's (it trained CurveFit on the spring data: KeyError)."""
+    from lit_constrained.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
+    with pytest.raises(SystemExit) as raised:
+        main(["fit", "--config", str(SPRING_CONFIG), "--ckpt_path", str(cli_saved), "--trainer.logger", "false",
+              "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2",
+              "--trainer.default_root_dir", str(tmp_path)])
+    assert raised.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lit-constrained fit: error: "), captured.err
+    assert (f"{cli_saved} is a checkpoint of lit_constrained.tasks.curve.CurveFit, not of "
+            "lit_constrained.tasks.spring.Spring (the config's model)") in lines[0]
+    assert "Restored all states" not in captured.out + captured.err

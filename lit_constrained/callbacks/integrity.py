@@ -5,7 +5,11 @@ At ``setup`` (before Lightning restores ``ckpt_path``) the strategy's ``Checkpoi
 :class:`~lit_constrained.checkpoint_integrity.IntegrityCheckpointIO` (Lightning's public
 ``strategy.checkpoint_io`` setter), so ``trainer.fit(ckpt_path=...)``, ``--ckpt_path`` and every
 ``ModelCheckpoint`` save go through it. :class:`~lit_constrained.module.ConstrainedModule` adds this
-callback to every Trainer (``configure_callbacks``).
+callback to every Trainer (``configure_callbacks``). Every checkpoint saved records the task class
+(:func:`~lit_constrained.module_parts.checkpoint_trust.record_task`), and every one restored, by any route
+(a path, ``last``, ``best``), must be of the module's task class and shapes
+(:func:`~lit_constrained.module_parts.checkpoint_trust.check_against_module`), refused before anything
+is restored otherwise.
 
 A full disk usually shows first in the logger: TensorBoard's writer thread gets ``ENOSPC`` and Lightning's
 TensorBoard logger reports it as ``ValueError: you tried to log <number> which is currently not
@@ -23,6 +27,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
 from lit_constrained.checkpoint_integrity import CheckpointWriteError, install_integrity_io
+from lit_constrained.module_parts import checkpoint_trust
 
 
 def _chain(exception: BaseException | None) -> list[BaseException]:
@@ -43,7 +48,15 @@ class CheckpointIntegrity(Callback):
     """Hashes and verifies the Trainer's checkpoints; names a full disk when a run dies of one."""
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        install_integrity_io(trainer.strategy)
+        checkpoint_io = install_integrity_io(trainer.strategy)
+
+        def check_loaded(checkpoint: Any, source: str) -> None:
+            checkpoint_trust.check_against_module(checkpoint, pl_module, source)
+
+        checkpoint_io.check_loaded = check_loaded  # this fit's module (setup runs before ckpt_path is read)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint_trust.record_task(checkpoint, pl_module)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if not disk_full(exception) or any(isinstance(e, CheckpointWriteError) for e in _chain(exception)[:1]):

@@ -7,6 +7,14 @@ code. So before Lightning reads the file, :func:`check_before_loading` reads it 
 and checks every importable name against the allowlist: ``lit_constrained``, ``torch``, ``lightning``
 (:data:`~lit_constrained.class_spec.TRUSTED_MODULES`), the task's own module and the caller's
 ``trusted_modules`` (:func:`~lit_constrained.checkpoint_integrity.check_before_loading`).
+
+**A checkpoint of this task.** Every checkpoint records the task class that wrote it
+(:data:`TASK_KEY`, :func:`record_task`; a LightningCLI run's also hold it as ``hyper_parameters._class_path``).
+A checkpoint of another task class (a chemistry checkpoint given to a spring config) is refused before
+anything is restored, as is one whose parameters have other names or shapes than the module's (another
+configuration of the task): one :class:`CheckpointMismatchError` naming the file and both classes
+(:func:`refuse_another_task`, :func:`refuse_other_shapes`). Two classes are "another task" when neither
+is a subclass of the other (a subclass of the task loads its parent's checkpoint, if the shapes fit).
 """
 
 from __future__ import annotations
@@ -18,7 +26,20 @@ from typing import IO, Any
 import torch
 from torch import Tensor
 
-from ..class_spec import TRUSTED_MODULES
+from ..checkpoint_integrity import CheckpointError
+from ..class_spec import TRUSTED_MODULES, class_path_of, import_class
+from ..hints import SetupError
+
+TASK_KEY = "lit_constrained_task"
+"""The checkpoint entry naming the task class that wrote it (``module.QualName``)."""
+
+_SHOWN = 3  # parameters named in a shape mismatch before "and N more"
+
+
+class CheckpointMismatchError(CheckpointError, SetupError):
+    """A checkpoint of another task class, or of other parameter names or shapes, than the module it is
+    given to (nothing was restored). ``lit-constrained`` prints it as one line (a
+    :class:`~lit_constrained.hints.SetupError`)."""
 
 
 def trusted_modules_for(task_class: type, trusted_modules: Iterable[str] = ()) -> tuple[str, ...]:
@@ -31,12 +52,17 @@ def check_before_loading(
     checkpoint_path: str | Path | IO, task_class: type, trusted_modules: Iterable[str] = ()
 ) -> str | Path | IO:
     """Check a checkpoint of ``task_class`` before it is loaded (a ``weights_only=True`` read): readable,
-    naming only trusted modules (:func:`trusted_modules_for`), matching its content hash. Returns the
-    path, or a rewound in-memory copy of a file object; raises
-    :class:`~lit_constrained.class_spec.UntrustedClassPathError` before anything is imported."""
+    naming only trusted modules (:func:`trusted_modules_for`), matching its content hash, written by
+    ``task_class``, a subclass or a parent of it (:func:`refuse_another_task`). Returns the path, or a
+    rewound in-memory copy of a file object; raises
+    :class:`~lit_constrained.class_spec.UntrustedClassPathError` before anything is imported (the recorded
+    task class, trusted by then, is imported for the class check)."""
     from ..checkpoint_integrity import check_before_loading as check_file
 
-    return check_file(checkpoint_path, trusted_modules_for(task_class, trusted_modules))
+    def of_this_task(checkpoint: Mapping[str, Any], source: str) -> None:
+        refuse_another_task(checkpoint, task_class, source, how=f"{task_class.__name__}.load_from_checkpoint")
+
+    return check_file(checkpoint_path, trusted_modules_for(task_class, trusted_modules), inspect=of_this_task)
 
 
 def refuse_nonfinite_weights(checkpoint: Mapping[str, Any]) -> None:
@@ -46,3 +72,103 @@ def refuse_nonfinite_weights(checkpoint: Mapping[str, Any]) -> None:
         numeric = isinstance(tensor, Tensor) and (tensor.is_floating_point() or tensor.is_complex())
         if numeric and not bool(torch.isfinite(tensor).all()):
             raise FloatingPointError(f"Refusing to write a checkpoint: parameter {name!r} holds NaN/inf.")
+
+
+def record_task(checkpoint: dict[str, Any], module: Any) -> None:
+    """Record in ``checkpoint`` (:data:`TASK_KEY`) the class of the task that writes it."""
+    checkpoint[TASK_KEY] = class_path_of(type(module))
+
+
+def checkpoint_task(checkpoint: Mapping[str, Any]) -> str | None:
+    """The task class path a checkpoint records: :data:`TASK_KEY`, else a LightningCLI run's
+    ``hyper_parameters._class_path``; None for a checkpoint that records neither (plain Lightning)."""
+    recorded = checkpoint.get(TASK_KEY)
+    if isinstance(recorded, str):
+        return recorded
+    hparams = checkpoint.get("hyper_parameters")
+    recorded = hparams.get("_class_path") if isinstance(hparams, Mapping) else None
+    return recorded if isinstance(recorded, str) else None
+
+
+def _resolve(task: Any) -> type | None:
+    """A class from a class, an instance, a class path or a config's ``{class_path: ...}``."""
+    if isinstance(task, type):
+        return task
+    if isinstance(task, Mapping) or hasattr(task, "class_path"):
+        task = task.get("class_path") if isinstance(task, Mapping) else task.class_path
+    if isinstance(task, str):
+        try:
+            return import_class(task)
+        except (ImportError, ValueError, TypeError):
+            return None
+    return None if task is None else type(task)
+
+
+def refuse_another_task(checkpoint: Mapping[str, Any], task: Any, source: str, *, how: str = "") -> None:
+    """Raise :class:`CheckpointMismatchError` if ``checkpoint`` (read from ``source``) was written by a task
+    class unrelated to ``task`` (a class, an instance, a class path or a config's model section): neither
+    is a subclass of the other. ``how`` says where ``task`` comes from (e.g. "the config's model").
+
+    Call only after the checkpoint's names were found trusted: the recorded class is imported."""
+    recorded = checkpoint_task(checkpoint)
+    expected = _resolve(task)
+    if recorded is None or expected is None:
+        return
+    written = _resolve(recorded)
+    if written is None:  # a name that no longer imports: compare by name
+        if recorded == class_path_of(expected):
+            return
+    elif issubclass(expected, written) or issubclass(written, expected):
+        return
+    name = recorded.rpartition(".")[2]
+    raise CheckpointMismatchError(
+        f"{source} is a checkpoint of {recorded}, not of {class_path_of(expected)}"
+        f"{f' ({how})' if how else ''}: nothing was restored. Resume it with a config of {name} (the task that "
+        f"wrote it), or {name}.load_from_checkpoint(...) it; to train {expected.__name__}, give its own "
+        "checkpoint or none (start fresh)."
+    )
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    if not isinstance(value, Tensor) or isinstance(value, torch.nn.parameter.UninitializedTensorMixin):
+        return None
+    return tuple(value.shape)
+
+
+def refuse_other_shapes(checkpoint: Mapping[str, Any], module: torch.nn.Module, source: str) -> None:
+    """Raise :class:`CheckpointMismatchError` if the ``state_dict`` of ``checkpoint`` (read from
+    ``source``) does not fit ``module``: a parameter or buffer of another shape, or (when the module loads
+    strictly, ``strict_loading``) one that either side lacks. Lazy (uninitialized) parameters are not compared."""
+    saved = checkpoint.get("state_dict")
+    if not isinstance(saved, Mapping):
+        return
+    own = module.state_dict()
+    other = [f"{key} {_shape(saved[key])} in the checkpoint, {_shape(own[key])} in the module"
+             for key in own if key in saved and None not in (_shape(saved[key]), _shape(own[key]))
+             and _shape(saved[key]) != _shape(own[key])]
+    problems = []
+    if other:
+        problems.append("other shapes: " + "; ".join(other[:_SHOWN]) + (f" and {len(other) - _SHOWN} more" if len(other) > _SHOWN else ""))
+    if getattr(module, "strict_loading", True) is not False:
+        missing = [key for key in own if key not in saved]
+        unexpected = [key for key in saved if key not in own]
+        for what, keys in (("not in the checkpoint", missing), ("not in the module", unexpected)):
+            if keys:
+                problems.append(f"{len(keys)} {what} ({', '.join(keys[:_SHOWN])}{', ...' if len(keys) > _SHOWN else ''})")
+    if not problems:
+        return
+    recorded = checkpoint_task(checkpoint)
+    written = f"{recorded}" if recorded else "a task that did not record its class"
+    raise CheckpointMismatchError(
+        f"{source} (a checkpoint of {written}) does not fit this {class_path_of(type(module))}: its parameters "
+        f"have {'; '.join(problems)}. It was written by another configuration (e.g. another hidden size or "
+        "depth): resume it with the configuration that wrote it, or start fresh (no ckpt_path); nothing was restored."
+    )
+
+
+def check_against_module(checkpoint: Mapping[str, Any], module: torch.nn.Module, source: str) -> None:
+    """What a checkpoint restored into a live ``module`` (``trainer.fit(ckpt_path=...)``, ``--ckpt_path``,
+    ``last`` included) must be: of its task class (:func:`refuse_another_task`) and of its parameter
+    names and shapes (:func:`refuse_other_shapes`)."""
+    refuse_another_task(checkpoint, module, source, how="the module it is restored into")
+    refuse_other_shapes(checkpoint, module, source)
