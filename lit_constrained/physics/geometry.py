@@ -46,6 +46,7 @@ class and the unit-cube samplers shared by every geometry; the shapes live in
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal, NamedTuple
@@ -151,7 +152,7 @@ class BoundarySample(NamedTuple):
         return packed[:, :dim], packed[:, dim:]
 
 
-class Geometry:
+class Geometry(ABC):
     r"""A closed domain :math:`\Omega \subset \mathbb{R}^d`: the shared API (see the module docstring).
 
     A subclass implements ``dim``, ``names``, ``bounds``, ``measure``, ``boundary_measure``,
@@ -165,35 +166,42 @@ class Geometry:
 
     # ------------------------------------------------------------------ what a subclass gives
     @property
+    @abstractmethod
     def dim(self) -> int:
-        raise NotImplementedError
+        """The number of coordinates d."""
 
     @property
+    @abstractmethod
     def names(self) -> tuple[str, ...]:
-        raise NotImplementedError
+        """The coordinates' names (``()`` where there are no defaults: d > 3 without names)."""
 
     @property
+    @abstractmethod
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """A bounding box ``(lower, upper)`` (numpy (d,) each)."""
-        raise NotImplementedError
 
     @property
+    @abstractmethod
     def measure(self) -> float:
-        raise NotImplementedError
+        r""":math:`|\Omega|`: the area (2D), volume (3D), length (1D)."""
 
     @property
+    @abstractmethod
     def boundary_measure(self) -> float:
-        raise NotImplementedError
+        r""":math:`|\partial\Omega|`: the boundary's length (2D), area (3D), number of points (1D)."""
 
+    @abstractmethod
     def _signed_distance(self, x: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """The signed distance (N,) at numpy points (N, d), negative inside."""
 
+    @abstractmethod
     def _normal(self, x: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """The outward unit normal (N, d) of the boundary nearest to numpy points (N, d)."""
 
+    @abstractmethod
     def interior(self, n: int, method: SamplingMethod = "uniform", seed: int = 0,
                  dtype: torch.dtype = torch.float64) -> Tensor:
-        raise NotImplementedError
+        """n points of the domain, (n, d)."""
 
     def _leaves(self) -> list[tuple[Geometry, float]]:
         """The primitive pieces whose boundaries make this one's, with the sign of their normals here."""
@@ -238,7 +246,8 @@ class Geometry:
 
     def _boundary_numpy(self, n: int, method: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         if self.dim != 2:
-            raise NotImplementedError(f"{type(self).__name__} has no boundary sampler in {self.dim}D.")
+            raise TypeError(f"{type(self).__name__} has no boundary sampler in {self.dim}D: a Geometry subclass "
+                            "overrides _boundary_numpy(n, method, rng) outside 2D.")
         return self._curve.sample(unit_interval_sample(n, method, rng))
 
     @cached_property
@@ -248,7 +257,8 @@ class Geometry:
 
     def _perimeter(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """2D: the boundary point at the arc-length fraction u in [0, 1] (and its outward normal)."""
-        raise NotImplementedError(f"{type(self).__name__} has no 2D arc-length parametrization.")
+        raise TypeError(f"{type(self).__name__} has no 2D arc-length map: a 2D Geometry subclass gives "
+                        "_perimeter(u) -> (points, normals) and _perimeter_breaks.")
 
     @property
     def _perimeter_breaks(self) -> np.ndarray:
