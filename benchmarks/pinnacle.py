@@ -1,0 +1,337 @@
+r"""PINNacle's problems (Burgers1d-C, Poisson2d-C, Wave1d-C, Heat2d-MS): plain Adam, the recommended
+hard-constrained configuration and L-BFGS, on the same network, initial weights and points.
+
+Every variant trains the task of :mod:`lit_constrained.tasks.pinnacle` (PINNacle's 100 x 5 tanh PINN
+and its loss, the sum of the conditions' mean squared residuals), built from the same seed (so the same
+initial weights: their hash is recorded) on the same points (the task's data module, one seed):
+
+* ``adam``: PINNacle's vanilla PINN, ``torch.optim.Adam`` (lr 1e-3), nothing imposed;
+* ``recommended``: ``configs/pinnacle_<problem>/recommended/sqp_adam.yaml``'s optimizer and imposed
+  points (SQP-Adam, lr 1e-3, rho full);
+* ``sqp<N>`` (the sweep of the imposed points): the recommended optimizer with N / 2 PDE points and
+  N / 2 boundary (and initial) points imposed;
+* ``lbfgs``: ``torch.optim.LBFGS`` (lr 1, strong-Wolfe line search, history 50), one iteration a step,
+  from the same weights (a plain loop on the task's objective: the package's module steps one
+  optimizer call per batch with no closure to re-evaluate).
+
+Equal steps AND equal CPU time: the recommended run goes first; ``adam`` and ``lbfgs`` then run until
+both ``--steps`` steps and the recommended run's CPU time (``time.process_time``, the evaluations left
+out) are reached. Every ``--every`` steps the test error is recorded with the CPU time so far, so one
+run gives both comparisons: at equal steps (the record at ``--steps``) and at equal CPU time (the last
+record within the recommended run's CPU time).
+
+Records: one JSON line per run in ``--out`` (default ``benchmarks/results/pinnacle/runs.jsonl``),
+appended as each run finishes; a restart skips the runs already there (same problem, variant, steps,
+points and seed), so a long run is resumable::
+
+    nice -n 10 env OMP_NUM_THREADS=1 python benchmarks/pinnacle.py --steps 2000 &      # resumable
+    python benchmarks/pinnacle.py --report                                             # the table
+
+``--report`` prints the table from the records (nothing is trained).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from harness import quiet  # noqa: E402
+
+PROBLEMS = ("poisson", "burgers", "wave", "heat")
+PINNACLE_NAMES = {"burgers": "Burgers1d-C", "poisson": "Poisson2d-C", "wave": "Wave1d-C", "heat": "Heat2d-MS"}
+VARIANTS = ("recommended", "adam", "lbfgs")
+ORDER = ("n_pde", "n_boundary", "n_initial")
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "pinnacle" / "runs.jsonl"
+
+
+def recommended(problem: str) -> dict[str, Any]:
+    """The optimizer and the data arguments of ``configs/pinnacle_<problem>/recommended/sqp_adam.yaml``."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "configs" / f"pinnacle_{problem}" / "recommended" / "sqp_adam.yaml").read_text())
+    return {"optimizer": config["model"]["init_args"]["optimizer"], "data": config["data"]["init_args"]}
+
+
+def classes(problem: str) -> tuple[type, type]:
+    from lit_constrained.tasks import pinnacle
+
+    name = problem.capitalize()
+    return getattr(pinnacle, f"{name}Pinnacle"), getattr(pinnacle, f"{name}PinnacleData")
+
+
+def imposed_counts(problem: str, variant: str) -> dict[str, int]:
+    """The imposed points of ``variant``: the recommended config's; none for adam / lbfgs; for ``sqp<N>``
+    (the sweep) N / 2 PDE points and N / 2 boundary (Poisson) or boundary + initial points (a quarter each)."""
+    config = {k: v for k, v in recommended(problem)["data"].items() if k.endswith("_imposed")}
+    if variant == "recommended":
+        return config
+    if not variant.startswith("sqp"):
+        return {k: 0 for k in config}
+    n = int(variant[3:])
+    counts = {"n_pde_imposed": n // 2}
+    if problem == "poisson":
+        counts["n_boundary_imposed"] = n - n // 2
+    else:
+        counts["n_boundary_imposed"] = (n - n // 2) // 2
+        counts["n_initial_imposed"] = n - n // 2 - counts["n_boundary_imposed"]
+    return counts
+
+
+def build(problem: str, variant: str, points: dict[str, int], seed: int) -> tuple[Any, Any]:
+    """The task (seeded: the same initial weights for every variant) and its data for ``variant``."""
+    task_cls, data_cls = classes(problem)
+    rec = recommended(problem)
+    data = data_cls(**points, **imposed_counts(problem, variant), seed=seed)
+    constrained = variant == "recommended" or variant.startswith("sqp")
+    optimizer = rec["optimizer"] if constrained else {"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}}
+    torch.manual_seed(seed)
+    model = task_cls(optimizer=optimizer, num_threads=1)
+    return model, data
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for p in model.net.parameters():
+        digest.update(p.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()[:12]
+
+
+class Recorder:
+    """The test error and CPU time (evaluations left out) every ``every`` steps, and the stop rule."""
+
+    def __init__(self, model: Any, batch: dict[str, torch.Tensor], every: int, steps: int, cpu_budget: float) -> None:
+        self.model, self.batch, self.every = model, batch, every
+        self.steps, self.cpu_budget = steps, cpu_budget
+        self.trajectory: list[list[float]] = []
+        self.excluded = 0.0
+        self.start = time.process_time()
+        self.record(0)
+
+    def cpu(self) -> float:
+        return time.process_time() - self.start - self.excluded
+
+    def record(self, step: int) -> None:
+        cpu = self.cpu()
+        begin = time.process_time()
+        with torch.no_grad():
+            rel = float(self.model.evaluation_metrics(self.batch, "val")["rel_l2"])
+        self.trajectory.append([step, round(cpu, 3), rel])
+        self.excluded += time.process_time() - begin
+
+    def done(self, step: int) -> bool:
+        return step >= self.steps and self.cpu() >= self.cpu_budget
+
+
+def lightning_run(model: Any, data: Any, recorder_args: dict[str, Any]) -> Recorder:
+    import lightning.pytorch as pl
+
+    batch = model.prepare_batch(next(iter(data.val_dataloader())))
+    state: dict[str, Recorder] = {}
+
+    class Hook(pl.Callback):
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            state["rec"] = Recorder(model, batch, **recorder_args)
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+            rec, step = state["rec"], trainer.global_step
+            if step % rec.every == 0 or rec.done(step):
+                rec.record(step)
+            if rec.done(step):
+                trainer.should_stop = True
+
+    steps = recorder_args["steps"]
+    trainer = pl.Trainer(max_steps=steps * 50, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                         callbacks=[Hook()])
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.fit(model, data)
+    return state["rec"]
+
+
+def lbfgs_run(model: Any, data: Any, recorder_args: dict[str, Any]) -> Recorder:
+    data.setup()
+    train = model.prepare_batch(next(iter(data.train_dataloader())))
+    batch = model.prepare_batch(next(iter(data.val_dataloader())))
+    torch.set_num_threads(1)
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=1, history_size=50,
+                                  line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = model.objective(train)
+        loss.backward()
+        return loss
+
+    rec = Recorder(model, batch, **recorder_args)
+    step = 0
+    while not rec.done(step):
+        loss = optimizer.step(closure)
+        step += 1
+        if step % rec.every == 0 or rec.done(step):
+            rec.record(step)
+        if not torch.isfinite(loss):
+            rec.record(step)
+            break
+    return rec
+
+
+def final_figures(model: Any, data: Any) -> dict[str, float]:
+    """max |c| at the recommended run's imposed points (0 rows: NaN) and max |residual| at the check points."""
+    batch = model.prepare_batch(next(iter(data.val_dataloader())))
+    c = model.constraints(batch)
+    with torch.no_grad():
+        held = model.validation_constraints(batch)
+    return {"max_imposed": float(c.detach().abs().max()) if c is not None else float("nan"),
+            "max_held_out": float(held.abs().max())}
+
+
+def run_key(problem: str, variant: str, steps: int, points: dict[str, int], seed: int) -> str:
+    return json.dumps({"problem": problem, "variant": variant, "steps": steps, "points": points, "seed": seed},
+                      sort_keys=True)
+
+
+def load(out: Path) -> list[dict[str, Any]]:
+    if not out.exists():
+        return []
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def points_for(problem: str, n_pde: int, n_boundary: int, n_initial: int) -> dict[str, int]:
+    points = {"n_pde": n_pde, "n_boundary": n_boundary}
+    if problem != "poisson":
+        points["n_initial"] = n_initial
+    return points
+
+
+def code_version() -> str:
+    """The commit the package's code is from: ``$PINNACLE_CODE`` (an exported tree), else git's HEAD."""
+    import os
+    import subprocess
+
+    if os.environ.get("PINNACLE_CODE"):
+        return os.environ["PINNACLE_CODE"]
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_one(problem: str, variant: str, steps: int, points: dict[str, int], seed: int, every: int,
+            cpu_budget: float) -> dict[str, Any]:
+    model, data = build(problem, variant, points, seed)
+    record: dict[str, Any] = {"code": code_version(), "torch": torch.__version__, "problem": problem, "pinnacle": PINNACLE_NAMES[problem], "variant": variant,
+                              "steps": steps, "points": points, "seed": seed, "weights": weights_hash(model),
+                              "optimizer": model.hparams["optimizer"] if variant != "lbfgs" else
+                              {"class_path": "torch.optim.LBFGS", "init_args": {"lr": 1.0, "history_size": 50,
+                                                                                "line_search_fn": "strong_wolfe"}},
+                              "imposed": {k: data.hparams[k] for k in data.hparams if k.endswith("_imposed")}}
+    args = {"every": every, "steps": steps, "cpu_budget": cpu_budget}
+    wall = time.perf_counter()
+    rec = lbfgs_run(model, data, args) if variant == "lbfgs" else lightning_run(model, data, args)
+    record["wall_s"] = round(time.perf_counter() - wall, 1)
+    record["trajectory"] = rec.trajectory
+    record |= final_figures(model, data)
+    return record
+
+
+def at_steps(record: dict[str, Any], steps: int) -> list[float] | None:
+    rows = [row for row in record["trajectory"] if row[0] <= steps]
+    return rows[-1] if rows else None
+
+
+def at_cpu(record: dict[str, Any], cpu: float) -> list[float] | None:
+    rows = [row for row in record["trajectory"] if row[1] <= cpu * 1.02]
+    return rows[-1] if rows else None
+
+
+def report(records: list[dict[str, Any]]) -> str:
+    """The table: per problem and steps, each variant's rel. L2 at equal steps and at the recommended
+    run's CPU time."""
+    lines = ["| problem | steps | points (pde/bc/ic) | variant | rel. L2 at equal steps | CPU s to those steps "
+             "| rel. L2 at equal CPU time (steps reached) | max imposed c / held-out residual |",
+             "|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["problem"], r["steps"], json.dumps(r["points"], sort_keys=True)), {})[r["variant"]] = r
+    for (problem, steps, points), runs in groups.items():
+        rec = runs.get("recommended")
+        budget = rec["trajectory"][-1][1] if rec else None
+        pts = "/".join(str(v) for k, v in sorted(json.loads(points).items(), key=lambda kv: ORDER.index(kv[0])))
+        sweep = sorted(v for v in runs if v.startswith("sqp"))
+        for variant in (*VARIANTS, *sweep):
+            r = runs.get(variant)
+            if r is None:
+                continue
+            s = at_steps(r, steps)
+            c = at_cpu(r, budget) if budget is not None else None
+            name = variant if variant in ("adam", "lbfgs") else f"{variant} ({sum(r['imposed'].values())} imposed)"
+            equal_time = f"{c[2]:.2e} ({int(c[0])})" if c else "-"
+            lines.append(f"| {PINNACLE_NAMES[problem]} | {steps} | {pts} | {name} | {s[2]:.2e} | {s[1]:.0f} | "
+                         f"{equal_time} | {r['max_imposed']:.1e} / {r['max_held_out']:.1e} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--problems", default=",".join(PROBLEMS))
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="recommended, adam, lbfgs, sqp<N> (a sweep point)")
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--n-pde", type=int, default=1024)
+    parser.add_argument("--n-boundary", type=int, default=256)
+    parser.add_argument("--n-initial", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--every", type=int, default=100, help="record the test error every N steps")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--report", action="store_true", help="print the table of the records and exit")
+    args = parser.parse_args(argv)
+    quiet()
+    torch.set_num_threads(1)
+    if args.report:
+        print(report(load(args.out)))
+        return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for problem in args.problems.split(","):
+        points = points_for(problem, args.n_pde, args.n_boundary, args.n_initial)
+        for variant in args.variants.split(","):
+            if variant.startswith("sqp") and imposed_counts(problem, variant) == imposed_counts(problem, "recommended"):
+                print(f"{problem} {variant}: the recommended configuration's points, skipped", flush=True)
+                continue
+            records = load(args.out)
+            done = {run_key(r["problem"], r["variant"], r["steps"], r["points"], r["seed"]) for r in records}
+            if run_key(problem, variant, args.steps, points, args.seed) in done:
+                print(f"{problem} {variant}: recorded already, skipped", flush=True)
+                continue
+            budget = 0.0
+            for r in records:
+                if (r["problem"], r["variant"], r["steps"], r["points"], r["seed"]) == (
+                        problem, "recommended", args.steps, points, args.seed):
+                    budget = r["trajectory"][-1][1]
+            timed_against = variant in ("adam", "lbfgs")
+            record = run_one(problem, variant, args.steps, points, args.seed, args.every,
+                             budget if timed_against else 0.0)
+            with args.out.open("a") as handle:
+                handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+            last = record["trajectory"][-1]
+            print(f"{problem} {variant}: rel. L2 {last[2]:.3e} after {int(last[0])} steps, {last[1]:.0f} CPU s",
+                  flush=True)
+    print(report(load(args.out)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
