@@ -399,5 +399,5 @@ class BoundaryCurve:
                 u = 0.5 * (hi - lo) * g + 0.5 * (hi + lo)
                 p, nrm = leaf._perimeter(u)
                 integrand = np.einsum("ij,ij->i", p - center, sign * nrm)
-                total += 0.5 * leaf.boundary_measure * 0.5 * (hi - lo) * float(w @ integrand)
-        return total
+                total += 0.5 * leaf.boundary_measure * 0.5 * float(hi - lo) * float(w @ integrand)
+        return float(total)
