@@ -200,6 +200,17 @@ def not_imposed_hint(optimizer: str, penalty_weight: float) -> str:
     )
 
 
+def nothing_to_impose_hint(optimizer: str, task: str) -> str:
+    """The warning for a hard-constrained optimizer given a task that declares no constraints."""
+    return (
+        f"{optimizer} imposes constraints, and {task} declares none (neither imposed() nor constraints()): it "
+        "trains on the objective alone, with nothing to impose. To impose constraints, define imposed() "
+        "(named parts, e.g. {'ode': Imposed(self.ode_residual, self.t_ode)}) or constraints() (the residuals c, "
+        "shape (m,)); to train without any, use an unconstrained optimizer: optimizer: {class_path: "
+        "torch.optim.Adam} in the config, optimizer=torch.optim.Adam in Python."
+    )
+
+
 def cli_error_hint(message: str) -> str | None:
     """The fix for a LightningCLI (jsonargparse) error ``message`` that names an argument a class does not
     take ("Option 'num_threads' is not accepted"), or None: for a task (a ConstrainedModule subclass)

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lit_constrained import ConstrainedModule
-from lit_constrained.optim import ConstantStepAdam, MoMo, SQPAdam
+from lit_constrained.optim import AdamCon, ConstantStepAdam, MoMo, SQPAdam
 from tests.helpers.lightning import quiet_trainer
 
 
@@ -234,6 +234,39 @@ def test_a_constrained_optimizer_is_not_warned_about():
         warnings.simplefilter("always")
         fit(ExpFit(), full_batch(64), max_steps=2)
     assert not [w for w in caught if "does not impose" in str(w.message)]
+
+
+class NoConstraints(ConstrainedModule):
+    """A task that forgot imposed()/constraints(): only the objective (issue 37)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.net = torch.nn.Linear(1, 1)
+
+    def objective(self, batch):
+        t, u = batch
+        return (self.net(t) - u).pow(2).mean()
+
+
+@pytest.mark.parametrize("optimizer", [None, AdamCon], ids=["the default SQPAdam", "AdamCon"])
+def test_a_constrained_optimizer_with_nothing_to_impose_warns_once_naming_the_fix(optimizer):
+    """Before (issue 37): it trained silently."""
+    module = NoConstraints() if optimizer is None else NoConstraints(optimizer=optimizer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(module, full_batch(16), max_steps=3)
+    notes = [str(w.message) for w in caught if "declares none" in str(w.message)]
+    name = "SQPAdam" if optimizer is None else "AdamCon"
+    assert len(notes) == 1, notes
+    assert notes[0].startswith(f"{name} imposes constraints, and NoConstraints declares none")
+    assert "define imposed()" in notes[0] and "constraints()" in notes[0] and "torch.optim.Adam" in notes[0]
+
+
+def test_an_unconstrained_optimizer_on_a_task_without_constraints_is_not_warned_about():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(NoConstraints(optimizer=torch.optim.Adam), full_batch(16), max_steps=2)
+    assert not [w for w in caught if "declares none" in str(w.message) or "does not impose" in str(w.message)]
 
 
 def test_the_penalty_baseline_is_called_penalized():

@@ -4,7 +4,8 @@ found before the first step, each with the fix in its message.
 At ``configure_callbacks``/``setup`` (:func:`check_trainer`): fp16 and bf16-true precision, a strategy
 that shards the parameters, the Trainer's gradient clipping and gradient accumulation. At the start of
 training (:func:`check_training_start`): an lr still None (the callback that sets it is missing); as
-warnings, constraints the optimizer does not impose, a ``ReduceLROnPlateau`` in a fit that never
+warnings, constraints the optimizer does not impose, a hard-constrained optimizer with no constraints to
+impose, a ``ReduceLROnPlateau`` in a fit that never
 validates, and a ``TensorDataset`` served one row per step by DataLoader's default batch size.
 
 Each error is a :class:`~lit_constrained.hints.SetupError` (a ``ValueError``): its message names the
@@ -21,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from ..hints import SetupError, not_imposed_hint, one_row_loader_hint
+from ..hints import SetupError, not_imposed_hint, nothing_to_impose_hint, one_row_loader_hint
 
 SHARDING_STRATEGIES: tuple[type, ...] = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)
 """Lightning strategies that shard the parameters (rejected at fit: the optimizers need the whole x)."""
@@ -122,7 +123,8 @@ def check_training_start(
 ) -> None:
     """At the start of training (the callbacks' ``on_train_start`` done): a ``ReduceLROnPlateau`` in a
     fit without validation warns; an lr still None is an error; constraints the optimizer does not
-    impose, and a TensorDataset served one row per step by DataLoader's default, are warnings."""
+    impose, a hard-constrained optimizer given a task with no constraints, and a TensorDataset served
+    one row per step by DataLoader's default, are warnings."""
     if isinstance(scheduler, ReduceLROnPlateau) and not trainer.limit_val_batches:
         rank_zero_warn(
             "ReduceLROnPlateau is stepped at the end of each validation, and this fit does not validate "
@@ -131,6 +133,8 @@ def check_training_start(
     check_lr_is_set(optimizer, "which did not set it")
     if has_constraints and not imposes_constraints(optimizer):
         rank_zero_warn(not_imposed_hint(type(optimizer).__name__, penalty_weight))
+    if not has_constraints and imposes_constraints(optimizer):
+        rank_zero_warn(nothing_to_impose_hint(type(optimizer).__name__, type(trainer.lightning_module).__name__))
     from torch.utils.data import DataLoader, TensorDataset
 
     loaders = trainer.train_dataloader
