@@ -55,6 +55,9 @@ round-off)."""
 CHECK_ULPS = 64.0
 """A row counts as violated when :math:`G_i \\Delta x + t g_i` exceeds this many ulps of
 :math:`\\|G_i\\| \\|\\Delta x\\|` (the product's rounding bound) plus 4 float64 ulps of |t g_i|."""
+DUAL_TOL = 1e-10
+"""The dual adds a row when its primal residual exceeds DUAL_TOL times the problem's scale
+(max |q| + max |H| |lambda|): a row left exactly on its bound by the step stays out."""
 MULTIPLIER_TOL = 1e-9
 """An active row leaves when its multiplier is below -MULTIPLIER_TOL * max |lambda| (round-off keeps a
 weakly active row's multiplier near 0 of either sign)."""
@@ -90,8 +93,8 @@ class DualSolution:
     iterations: int = 0
 
 
-def _pseudo_solve(H: np.ndarray, q: np.ndarray, rows: list[int], rcond: float) -> np.ndarray:
-    """H[rows, rows]^+ q[rows] with the relative eigenvalue cutoff rcond^2 (the Gram factor's)."""
+def _pseudo_solve(H: np.ndarray, b: np.ndarray, rows: list[int], rcond: float) -> np.ndarray:
+    """H[rows, rows]^+ b[rows] with the relative eigenvalue cutoff rcond^2 (the Gram factor's)."""
     if not rows:
         return np.zeros(0)
     sub = H[np.ix_(rows, rows)]
@@ -99,51 +102,63 @@ def _pseudo_solve(H: np.ndarray, q: np.ndarray, rows: list[int], rcond: float) -
     largest = max(values[-1], 0.0)
     keep = values > (rcond**2) * largest
     inverse = np.where(keep, 1.0 / np.where(keep, values, 1.0), 0.0)
-    return vectors @ (inverse * (vectors.T @ q[rows]))
+    return vectors @ (inverse * (vectors.T @ b[rows]))
 
 
-def solve_dual(H: np.ndarray, q: np.ndarray, m: int, start: list[int], rcond: float,
-               max_iterations: int | None = None) -> DualSolution:
+
+
+
+def solve_dual(H: np.ndarray, q: np.ndarray, m: int, rcond: float, max_iterations: int | None = None
+               ) -> DualSolution:
     r"""The bound-constrained dual :math:`\min \tfrac12 \lambda^T H \lambda - q^T \lambda`,
-    :math:`\lambda_{m:} \ge 0` (rows 0..m-1 free), by the Lawson-Hanson active-set method from the
-    active inequality rows ``start`` (indices into 0..p-1).
+    :math:`\lambda_{m:} \ge 0` (rows 0..m-1 free), by a Lawson-Hanson active-set method from the
+    equality rows alone, with the dual step of Goldfarb and Idnani for a dependent row.
 
-    Each iteration adds the inequality row whose primal residual :math:`(q - H\lambda)_i` is largest
-    (above a round-off tolerance), re-solves on the free set, and moves back along the segment to the
-    last feasible point while a multiplier would turn negative, dropping the rows that reach 0. A row
-    whose own multiplier is not positive right after it is added cannot be satisfied together with
-    the free rows (its linearization conflicts with them): it is set aside as conflicting."""
+    H is positive semidefinite (more rows than the rank of :math:`\hat J`: a vertex of n = 2 with three
+    rows through it, a bound that repeats an equality), so the free set is kept linearly independent:
+    each iteration takes the inequality row whose primal residual :math:`(q - H\lambda)_i` is largest
+    (above a round-off tolerance).
+
+    * Independent of the free rows: it joins them, the free set is re-solved and, while a multiplier
+      would turn negative, the method moves back along the segment to the last feasible point and drops
+      the rows that reach 0.
+    * Dependent (:math:`\hat J_j = \sum_{i \in F} \alpha_i \hat J_i`): raising :math:`\lambda_j` by
+      :math:`\tau` and lowering :math:`\lambda_F` by :math:`\tau\alpha` leaves the step unchanged; the
+      largest feasible :math:`\tau` drives an inequality row with :math:`\alpha_i > 0` to 0, which leaves
+      and row j takes its place. With no such row the rows cannot hold together (the linearization's
+      feasible set is empty): row j is set aside as conflicting."""
     k = H.shape[0]
-    p = k - m
     iterations_left = max_iterations if max_iterations is not None else 3 * k + 10
-    free = list(range(m)) + sorted(m + i for i in set(start) if 0 <= i < p)
+    free = list(range(m))
     lam = np.zeros(k)
-    while True:  # a feasible start: drop the warm rows whose multipliers come out negative
-        s = _pseudo_solve(H, q, free, rcond)
-        negative = [row for row, value in zip(free, s) if row >= m and value <= 0.0]
-        if not negative:
-            lam[free] = s
-            break
-        free = [row for row in free if row not in set(negative)]
+    lam[free] = _pseudo_solve(H, q, free, rcond)
     conflicting: set[int] = set()
     iterations = 0
-    scale = np.abs(H).max(initial=0.0)
+    dependent_below = max(rcond**2, 1e-15) * 1e2
     while iterations < iterations_left:
         iterations += 1
         residual = q - H @ lam
-        tol = 1e-12 * (np.abs(q) + np.abs(H) @ np.abs(lam) + scale * 1e-12)
+        tol = DUAL_TOL * (np.abs(q).max(initial=0.0) + (np.abs(H) @ np.abs(lam)).max(initial=0.0)) + 1e-300
         in_free = set(free)
         candidates = [row for row in range(m, k) if row not in in_free and row not in conflicting
-                      and residual[row] > tol[row]]
+                      and residual[row] > tol]
         if not candidates:
             break
-        j = max(candidates, key=lambda row: residual[row])
-        trial = sorted(in_free | {j})
-        s = _pseudo_solve(H, q, trial, rcond)
-        if s[trial.index(j)] <= 0.0:
-            conflicting.add(j)
-            continue
-        free = trial
+        j = max(candidates, key=lambda row: residual[row] / max(np.sqrt(H[row, row]), 1e-300))
+        alpha = _pseudo_solve(H, H[:, j], free, rcond)
+        left = H[j, j] - (H[j, free] @ alpha if free else 0.0)
+        if left <= dependent_below * H[j, j]:  # dependent on the free rows: the dual step
+            limits = [(lam[row] / a, row) for row, a in zip(free, alpha) if row >= m and a > 0.0]
+            if not limits:
+                conflicting.add(j)
+                continue
+            tau, leaving = min(limits)
+            lam[free] -= tau * alpha
+            lam[j] = tau
+            lam[leaving] = 0.0
+            free = [row for row in free if row != leaving]
+        free = sorted(set(free) | {j})
+        s = _pseudo_solve(H, q, free, rcond)
         while True:
             blocking = [(row, value) for row, value in zip(free, s) if row >= m and value <= 0.0]
             if not blocking:
@@ -151,8 +166,8 @@ def solve_dual(H: np.ndarray, q: np.ndarray, m: int, start: list[int], rcond: fl
                 lam[free] = s
                 break
             current = lam[free]
-            alpha = min(current[free.index(row)] / (current[free.index(row)] - value) for row, value in blocking)
-            lam[free] = current + alpha * (s - current)
+            step = min(current[free.index(row)] / (current[free.index(row)] - value) for row, value in blocking)
+            lam[free] = current + step * (s - current)
             free = [row for row in free if row < m or lam[row] > 0.0]
             lam[[row for row in range(m, k) if row not in set(free)]] = 0.0
             s = _pseudo_solve(H, q, free, rcond)
@@ -172,6 +187,10 @@ class ActiveSetStep:
     multipliers: Tensor
     rounds: int
     conflicting: list[int]
+    working: list[int]
+    """The next step's working set: the active rows less those the objective pulls off their bound (a
+    negative first-order multiplier estimate), which this step may still have to hold against w, whose
+    moments saw the row in the null space; the next step's moments then see the pull."""
 
 
 def impose_inequalities(
@@ -188,17 +207,22 @@ def impose_inequalities(
     delta: Tensor,
     equality_delta_formed: bool,
     owner: str,
+    gradient_multipliers: Tensor | None = None,
 ) -> ActiveSetStep:
     """The step with inequality rows, into ``delta`` (see the module docstring).
 
     ``equality_projector`` is the step's projector of J alone; ``stacked_projector(rows)`` factorizes
     [J; G_rows] the same way (its Gram, rank cutoff and refinement plan). ``delta`` holds the equality
     step already when ``equality_delta_formed`` (the warm start is empty). ``t`` is the inequality rows'
-    normal-step fraction (0-dim float64)."""
+    normal-step fraction (0-dim float64). ``gradient_multipliers``: the first-order multiplier estimates
+    :math:`-\\hat G^+ \\hat J \\nabla f` of the warm rows (the inequality part, float64): the optimizer's
+    tangential moments are projected on the warm rows' null space, so the direction w alone can never
+    ask a row to leave; a row whose estimate is negative (the objective pulls it off its bound) leaves."""
     g, G = inequalities.values, inequalities.jacobian
     m = sc.numel()
     tg = t * g
     active = sorted(set(i for i in warm if 0 <= i < inequalities.p))
+    leaving_rows: list[int] = []
     multipliers = torch.zeros(inequalities.p, dtype=torch.float64, device=g.device)
     conflicting: list[int] = []
     for rounds in range(1, MAX_ROUNDS + 1):
@@ -208,13 +232,18 @@ def impose_inequalities(
             projector.merged(w, a, target, delta, multipliers=z)
         else:  # the equality step is in delta already; its multipliers are not needed
             z.zero_()
-        violated, dropped = _check(G, tg, delta, z[m:], active)
-        if not violated and not dropped:
+        leaving = gradient_multipliers if rounds == 1 and active else None
+        violated, dropped, pulled_off = _check(G, tg, delta, z[m:], active, leaving)
+        if rounds == 1:
+            leaving_rows = pulled_off
+        deficient = bool(active) and not conflicting and (
+            int(projector.factor.rank) < int(equality_projector.factor.rank) + len(active))
+        if not violated and not dropped and not deficient:
             break
         if rounds == MAX_ROUNDS:
             break
-        if rounds == 1 or dropped:
-            solution = _dual(equality_projector.jacobian, G, sc, tg, w, a, m, active + violated, rcond)
+        if rounds == 1 or dropped or deficient:  # (a dependent warm row: its step is a least-squares one)
+            solution = _dual(equality_projector.jacobian, G, sc, tg, w, a, m, rcond)
             conflicting = solution.conflicting
             new = sorted(set(solution.active) | set(conflicting))
             if new == active:  # the dual agrees with the candidate up to round-off: add what the check saw
@@ -228,7 +257,8 @@ def impose_inequalities(
         multipliers[active] = z[m:].clamp_min(0.0)
     if conflicting:
         _warn_conflicting(owner, conflicting)
-    return ActiveSetStep(projector, target, active, multipliers, rounds, conflicting)
+    working = sorted(set(active) - set(leaving_rows))
+    return ActiveSetStep(projector, target, active, multipliers, rounds, conflicting, working)
 
 
 def _candidate(equality_projector: Projector, stacked_projector: Callable[[list[int]], Projector],
@@ -239,8 +269,8 @@ def _candidate(equality_projector: Projector, stacked_projector: Callable[[list[
     return stacked_projector(active), torch.cat([sc, tg[rows]])
 
 
-def _check(G: Tensor, tg: Tensor, delta: Tensor, active_multipliers: Tensor, active: list[int]
-           ) -> tuple[list[int], list[int]]:
+def _check(G: Tensor, tg: Tensor, delta: Tensor, active_multipliers: Tensor, active: list[int],
+           gradient_multipliers: Tensor | None = None) -> tuple[list[int], list[int], list[int]]:
     """The candidate's KKT check (one pass over G and one host read): the inactive rows that
     :math:`G_i \\Delta x + t g_i \\le 0` does not hold for (beyond round-off, ``CHECK_ULPS``), and the
     active rows whose multipliers are negative (beyond ``MULTIPLIER_TOL``). It is also where a NaN/inf in
@@ -249,8 +279,11 @@ def _check(G: Tensor, tg: Tensor, delta: Tensor, active_multipliers: Tensor, act
     residual = matvec(G, delta) + tg
     if active:
         residual[active] = -1.0  # (not checked: their multipliers are)
-        floor = -MULTIPLIER_TOL * active_multipliers.abs().max().clamp_min(1e-300)
-        read = torch.cat([residual, (active_multipliers < floor).to(torch.float64)]).tolist()
+        negative = active_multipliers < -MULTIPLIER_TOL * active_multipliers.abs().max().clamp_min(1e-300)
+        pulled = torch.zeros_like(negative)
+        if gradient_multipliers is not None:
+            pulled = gradient_multipliers < -MULTIPLIER_TOL * gradient_multipliers.abs().max().clamp_min(1e-300)
+        read = torch.cat([residual, (negative | pulled).to(torch.float64), pulled.to(torch.float64)]).tolist()
     else:
         read = residual.tolist()
     p = tg.numel()
@@ -260,25 +293,26 @@ def _check(G: Tensor, tg: Tensor, delta: Tensor, active_multipliers: Tensor, act
             "not changed (check the inequality rows' residuals and their derivatives at this point)."
         )
     positive = [i for i in range(p) if read[i] > 0.0]
-    dropped = [active[j] for j, flag in enumerate(read[p:]) if flag]
+    dropped = [active[j] for j, flag in enumerate(read[p:p + len(active)]) if flag]
+    leaving = [active[j] for j, flag in enumerate(read[p + len(active):]) if flag]
     if not positive:
-        return [], dropped
+        return [], dropped, leaving
     rows = torch.tensor(positive, dtype=torch.long, device=G.device)
     eps = torch.finfo(G.dtype).eps
     bound = (CHECK_ULPS * eps * torch.linalg.vector_norm(G[rows], dim=1).to(torch.float64)
              * torch.linalg.vector_norm(delta).to(torch.float64)
              + 4 * torch.finfo(torch.float64).eps * tg[rows].abs())
     over = (torch.tensor([read[i] for i in positive], dtype=torch.float64, device=G.device) > bound).tolist()
-    return [i for i, flag in zip(positive, over) if flag], dropped
+    return [i for i, flag in zip(positive, over) if flag], dropped, leaving
 
 
-def _dual(J: Tensor, G: Tensor, sc: Tensor, tg: Tensor, w: Tensor, a: float, m: int, start: list[int],
-          rcond: float) -> DualSolution:
+def _dual(J: Tensor, G: Tensor, sc: Tensor, tg: Tensor, w: Tensor, a: float, m: int, rcond: float
+          ) -> DualSolution:
     """The dual on the Gram of all m + p rows (float64, from the blocked products), solved on the host."""
     stacked = torch.cat([J, G]) if m else G
     H = gram(stacked)
     q = torch.cat([sc, tg]) + a * matvec(stacked, w)
-    return solve_dual(H.cpu().numpy(), q.cpu().numpy(), m, start, rcond)
+    return solve_dual(H.cpu().numpy(), q.cpu().numpy(), m, rcond)
 
 
 def _warn_conflicting(owner: str, rows: list[int]) -> None:

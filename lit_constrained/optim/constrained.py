@@ -66,7 +66,7 @@ import functools
 import math
 import warnings
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -154,6 +154,13 @@ class StepInputs:
     finite; joins the step's one host read."""
     inequalities: Inequalities | None = None
     """The rows g <= 0 with their Jacobian (p > 0), or None."""
+    warm: list[int] = field(default_factory=list)
+    """The inequality rows active at the last step (``state["active_set"]``): this step's working set."""
+    tangent_projection: Projection | None = None
+    """With a working set: the projection of the rows E + warm, whose null space the tangential
+    direction's moments are projected on (so that they vanish at a KKT point on the active face)."""
+    stacked: dict[tuple[int, ...], tuple[Projection, Projector]] = field(default_factory=dict)
+    """The factorizations of stacked rows [J; G_rows] made in this step."""
 
     @property
     def m(self) -> int:
@@ -196,8 +203,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
         self._stacked_exact_gram_for: tuple[tuple[int, ...], torch.dtype] | None = None
         """The same for the stacked rows [J; G_A] of a step with active inequality rows."""
         self.active_set: list[int] = []
-        """The last step's active inequality rows (sorted; the next step's warm start). A diagnostic, not
-        state: a resumed run finds the same active set from a cold start."""
+        """The last step's active inequality rows (sorted; a diagnostic: the next step's working set is
+        ``state["active_set"]``, which resumes with the state)."""
         self.inequality_multipliers: Tensor | None = None
         """The last step's inequality multipliers ((p,) float64, >= 0, 0 off the active set)."""
         self._check_groups()
@@ -400,6 +407,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
         self._inequality_inputs(inputs, inequalities, inequality_jacobian)
         projection = self._prepare(inputs.g, inputs.jacobian, inputs.c, inputs.state)
         projector = self._projector(projection, inputs)  # raises on non-finite inputs: nothing changed yet
+        if inputs.warm:  # the tangential moments on the null space of the rows E + the working set
+            inputs.tangent_projection = self._stacked(inputs, inputs.warm, with_gradient=True)[0]
         state = inputs.state
         state["n"] = inputs.layout.n
         state["step"] = state["step"] + 1
@@ -429,6 +438,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         """Validate g and G and put them on ``inputs`` (their finiteness joins the step's host read)."""
         if inequalities is None and inequality_jacobian is None:
             self.active_set, self.inequality_multipliers = [], None
+            inputs.state.pop("active_set", None)
             return
         owner = type(self).__name__
         if not self.accepts_inequalities:
@@ -442,6 +452,7 @@ class ConstrainedOptimizer(Optimizer, ABC):
         )
         if not g.numel():
             self.active_set, self.inequality_multipliers = [], None
+            inputs.state.pop("active_set", None)
             return
         if len({float(group["lr"]) for group in self.param_groups}) > 1:
             raise ValueError(
@@ -451,6 +462,8 @@ class ConstrainedOptimizer(Optimizer, ABC):
         finite = torch.isfinite(g).all()  # (a NaN/inf in G shows in the active-set check's G delta)
         inputs.finite = finite if inputs.finite is None else inputs.finite & finite
         inputs.inequalities = Inequalities(g, G)
+        working = inputs.state.get("active_set")
+        inputs.warm = [] if working is None else [row for row in working.tolist() if row < g.numel()]
 
     def _violation(self, inputs: StepInputs) -> Tensor:
         """max(max |c|, max(g, 0)) (0-dim float64): the violation the tolerances are relative to."""
@@ -459,42 +472,61 @@ class ConstrainedOptimizer(Optimizer, ABC):
             violation = torch.maximum(violation, inputs.inequalities.violation())
         return violation
 
-    def _stacked_projector(self, inputs: StepInputs, rows: list[int]) -> Projector:
-        """The projector of [J; G_rows] (the step's factorization and refinement plan for those rows; the
-        exact-Gram memory of the stacked rows kept apart from that of J)."""
+    def _stacked(self, inputs: StepInputs, rows: list[int], with_gradient: bool = False
+                 ) -> tuple[Projection, Projector]:
+        """The projection and projector of [J; G_rows] (the step's factorization and refinement plan for
+        those rows, made once a step; the exact-Gram memory of stacked rows kept apart from that of J).
+        ``with_gradient``: the projection carries [J; G_rows] g from the Gram's pass (for P g)."""
+        key = tuple(rows)
+        if key in inputs.stacked:
+            return inputs.stacked[key]
         J, G = inputs.jacobian, inputs.inequalities.jacobian
         m, n = J.shape
-        stacked = self._buffer("stacked_jacobian", (m + len(rows), n), J.dtype, J.device)
+        slot = "stacked_jacobian_working" if rows == inputs.warm else "stacked_jacobian"
+        stacked = self._buffer(slot, (m + len(rows), n), J.dtype, J.device)
         stacked[:m].copy_(J)
         torch.index_select(G, 0, torch.tensor(rows, dtype=torch.long, device=G.device), out=stacked[m:])
         equality_memory, self._exact_gram_for = self._exact_gram_for, self._stacked_exact_gram_for
         try:
-            factor, finite, _ = self._scaled_factorize(stacked, None)
+            factor, finite, Jg = self._scaled_factorize(stacked, None, inputs.g if with_gradient else None)
+            if Jg is not None:
+                finite = finite & torch.isfinite(Jg).all()
             target = torch.zeros(m + len(rows), dtype=torch.float64, device=J.device)
+            projection = Projection(stacked, factor, finite, target, gradient_product=Jg)
             stacked_inputs = StepInputs(inputs.layout, inputs.reals, inputs.dtype, inputs.g, target, stacked,
                                         inputs.state)
-            projector = self._projector(Projection(stacked, factor, finite, target), stacked_inputs,
-                                        warn_dependent=False)
+            projector = self._projector(projection, stacked_inputs, warn_dependent=False)
             self._stacked_exact_gram_for = self._exact_gram_for
         finally:
             self._exact_gram_for = equality_memory
-        return projector
+        inputs.stacked[key] = projection, projector
+        return projection, projector
 
     def _with_inequalities(self, projector: Projector, inputs: StepInputs, w: Tensor, a: float, sc: Tensor,
                            fraction: Tensor, delta: Tensor) -> tuple[Projector, list[int]]:
         """The step with the inequality rows into ``delta`` (:func:`~lit_constrained.optim.active_set.impose_inequalities`),
         warm-started from the last step's active set; returns the imposed rows' projector and the active rows."""
-        warm = self.active_set
+        warm = inputs.warm
         if not warm:
             projector.merged(w, a, sc, delta)
         result = impose_inequalities(
-            equality_projector=projector, stacked_projector=functools.partial(self._stacked_projector, inputs),
+            equality_projector=projector, stacked_projector=lambda rows: self._stacked(inputs, rows)[1],
             sc=sc, inequalities=inputs.inequalities, t=fraction, w=w, a=a, warm=warm,
             rcond=float(self.param_groups[0]["rcond"]), delta=delta, equality_delta_formed=not warm,
-            owner=type(self).__name__,
+            owner=type(self).__name__, gradient_multipliers=self._gradient_multipliers(inputs),
         )
         self.active_set, self.inequality_multipliers = result.active, result.multipliers
+        inputs.state["active_set"] = torch.tensor(result.working, dtype=torch.long)
         return result.projector, result.active
+
+    @staticmethod
+    def _gradient_multipliers(inputs: StepInputs) -> Tensor | None:
+        """The working rows' first-order multiplier estimates, the inequality part of
+        :math:`-\\hat G^+ \\hat J \\nabla f` (no pass over J: [J; G_warm] g came with the Gram)."""
+        projection = inputs.tangent_projection
+        if projection is None or projection.gradient_product is None:
+            return None
+        return -projection.factor.solve(projection.gradient_product)[inputs.m:]
 
     def _record_inequalities(self, record: dict[str, Tensor], inputs: StepInputs) -> None:
         """``active`` (rows), ``dual_max`` (the largest inequality multiplier) and the violation of both
@@ -685,7 +717,9 @@ class MergedStepOptimizer(ConstrainedOptimizer):
                  record: dict[str, Tensor] | None) -> Composed:
         """Delta x = T(a P~ w - s J~^+ c) (:mod:`~lit_constrained.optim.projection`) with the safeguarded
         s, w from ``_tangent``; groups with different lrs scale their blocks of the tangential part."""
-        w = self._tangent(projection, inputs.g, inputs.state, record)
+        tangent = inputs.tangent_projection or projection
+        w = self._tangent(tangent, inputs.g, inputs.state, record)
+        projection.tangent_scale = tangent.tangent_scale
         c, m = inputs.c, inputs.m
         rho = self.rho
         lrs = [float(group["lr"]) for group in self.param_groups]
