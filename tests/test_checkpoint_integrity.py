@@ -290,3 +290,54 @@ def test_the_command_line_refuses_another_tasks_checkpoint_in_one_line(
     assert (f"{cli_saved} is a checkpoint of lit_constrained.tasks.curve.CurveFit, not of "
             "lit_constrained.tasks.spring.Spring (the config's model)") in lines[0]
     assert "Restored all states" not in captured.out + captured.err
+
+
+# -- the trusted-class check on every route, --ckpt_path last included (issue 37, item 15) --------------
+
+
+def _plant_untrusted_last(directory: Path, source: Path, module_name: str) -> Path:
+    """``directory/last.ckpt``: ``source`` with its optimizer renamed ``<module_name>.Evil`` and its content
+    hash recomputed (a re-hashed file passes the hash); the module, on sys.path, writes ``imported`` if
+    it is ever imported."""
+    from lit_constrained.checkpoint_integrity import with_content_hash
+
+    (directory / f"{module_name}.py").write_text(
+        f"from pathlib import Path\nPath({str(directory / 'imported')!r}).write_text('ran')\n"
+        "import torch\nclass Evil(torch.optim.SGD):\n    pass\n"
+    )
+    checkpoint = torch.load(source, weights_only=True)
+    checkpoint["hyper_parameters"]["optimizer"] = {"class_path": f"{module_name}.Evil", "init_args": {"lr": 0.1}}
+    torch.save(with_content_hash(checkpoint), directory / "last.ckpt")
+    return directory / "last.ckpt"
+
+
+def test_ckpt_path_last_gets_the_trusted_class_check(saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lit_constrained.callbacks.checkpointing import CrashSafeCheckpoint
+    from lit_constrained.class_spec import UntrustedClassPathError
+
+    planted = _plant_untrusted_last(tmp_path, saved, "h37_last_payload")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    trainer = quiet_trainer(max_steps=5, limit_val_batches=0, enable_checkpointing=True,
+                            callbacks=[CrashSafeCheckpoint(dirpath=str(tmp_path))])
+    with pytest.raises(UntrustedClassPathError, match="h37_last_payload.Evil") as raised:
+        trainer.fit(_model(), _data(), ckpt_path="last")
+    assert str(planted) in str(raised.value)
+    assert trainer.global_step == 0 and not (tmp_path / "imported").exists() and "h37_last_payload" not in sys.modules
+
+
+def test_the_command_lines_ckpt_path_last_gets_the_trusted_class_check(
+    cli_saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lit_constrained.class_spec import UntrustedClassPathError
+    from lit_constrained.cli import main
+
+    (tmp_path / "checkpoints").mkdir()
+    planted = _plant_untrusted_last(tmp_path / "checkpoints", cli_saved, "h37_cli_last_payload")
+    monkeypatch.syspath_prepend(str(tmp_path / "checkpoints"))
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
+    with pytest.raises(UntrustedClassPathError, match="h37_cli_last_payload.Evil") as raised:
+        main(["fit", "--config", str(CONFIG), "--ckpt_path", "last", "--trainer.logger", "false",
+              "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "5",
+              "--trainer.default_root_dir", str(tmp_path)])
+    assert str(planted) in str(raised.value)
+    assert not (tmp_path / "checkpoints" / "imported").exists() and "h37_cli_last_payload" not in sys.modules

@@ -7,9 +7,9 @@ At ``setup`` (before Lightning restores ``ckpt_path``) the strategy's ``Checkpoi
 ``ModelCheckpoint`` save go through it. :class:`~lit_constrained.module.ConstrainedModule` adds this
 callback to every Trainer (``configure_callbacks``). Every checkpoint saved records the task class
 (:func:`~lit_constrained.module_parts.checkpoint_trust.record_task`), and every one restored, by any route
-(a path, ``last``, ``best``), must be of the module's task class and shapes
-(:func:`~lit_constrained.module_parts.checkpoint_trust.check_against_module`), refused before anything
-is restored otherwise.
+(a path, ``last``, ``best``), must name only trusted modules and be of the module's task class and
+shapes (:func:`~lit_constrained.module_parts.checkpoint_trust.check_against_module`), refused before
+anything is restored or imported otherwise.
 
 A full disk usually shows first in the logger: TensorBoard's writer thread gets ``ENOSPC`` and Lightning's
 TensorBoard logger reports it as ``ValueError: you tried to log <number> which is currently not
@@ -51,7 +51,7 @@ class CheckpointIntegrity(Callback):
         checkpoint_io = install_integrity_io(trainer.strategy)
 
         def check_loaded(checkpoint: Any, source: str) -> None:
-            checkpoint_trust.check_against_module(checkpoint, pl_module, source)
+            checkpoint_trust.check_against_module(checkpoint, pl_module, source, trainer.datamodule)
 
         checkpoint_io.check_loaded = check_loaded  # this fit's module (setup runs before ckpt_path is read)
 

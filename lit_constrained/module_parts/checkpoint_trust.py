@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..checkpoint_integrity import CheckpointError
-from ..class_spec import TRUSTED_MODULES, class_path_of, import_class
+from ..class_spec import TRUSTED_MODULES, check_checkpoint_names, class_path_of, import_class, importable_names_in
 from ..hints import SetupError
 
 TASK_KEY = "lit_constrained_task"
@@ -166,9 +166,25 @@ def refuse_other_shapes(checkpoint: Mapping[str, Any], module: torch.nn.Module, 
     )
 
 
-def check_against_module(checkpoint: Mapping[str, Any], module: torch.nn.Module, source: str) -> None:
-    """What a checkpoint restored into a live ``module`` (``trainer.fit(ckpt_path=...)``, ``--ckpt_path``,
-    ``last`` included) must be: of its task class (:func:`refuse_another_task`) and of its parameter
-    names and shapes (:func:`refuse_other_shapes`)."""
+def trusted_for_module(module: Any, datamodule: Any = None) -> tuple[str, ...]:
+    """The modules a checkpoint restored into ``module`` may name: :func:`trusted_modules_for` its class,
+    the ``datamodule``'s module, and the modules of the names its own hyper-parameters and the
+    ``datamodule``'s hold (what the run's config or code gave it: a checkpoint of the same run names no more)."""
+    own = [type(datamodule).__module__] if datamodule is not None else []
+    for holder in (module, datamodule):
+        hparams = getattr(holder, "hparams", None)
+        if isinstance(hparams, Mapping):
+            own += [name.rpartition(".")[0] for _, name in importable_names_in(dict(hparams))]
+    return trusted_modules_for(type(module), [name for name in own if name])
+
+
+def check_against_module(
+    checkpoint: Mapping[str, Any], module: torch.nn.Module, source: str, datamodule: Any = None
+) -> None:
+    """What a checkpoint restored into a live ``module`` must be, on every route (``trainer.fit(ckpt_path=...)``,
+    ``--ckpt_path PATH``, ``last``, ``best``): naming only trusted modules (:func:`trusted_for_module`;
+    nothing is imported: :class:`~lit_constrained.class_spec.UntrustedClassPathError`), of its task class
+    (:func:`refuse_another_task`) and of its parameter names and shapes (:func:`refuse_other_shapes`)."""
+    check_checkpoint_names(checkpoint, trusted_for_module(module, datamodule), source)
     refuse_another_task(checkpoint, module, source, how="the module it is restored into")
     refuse_other_shapes(checkpoint, module, source)
