@@ -22,36 +22,36 @@ an M-matrix whose solution is second-order accurate (h^2) at the nodes; solved b
 tests/tasks/test_pinnacle_references.py verifies the order by refinement (n, 2n, 4n at the shared nodes).
 The test points are the domain's nodes of that grid, every ``test_stride``-th node per axis.
 
-**Points** (seeded): ``x_pde`` uniform in :math:`\Omega` (uniform / LHS / Sobol samples of the square,
-those outside the holes kept); ``x_outer`` on the square's sides (:class:`~lit_constrained.physics.Box`'s
-boundary); ``x_holes`` on the circles (uniform angles, the four circles equally); the split of
-``n_boundary`` between the two in proportion to their lengths (4 and :math:`0.8\pi`), as PINNacle samples
-the boundary by arc length. ``_imposed``: seed + 1, ``_check``: seed + 2.
+**Points** (seeded, from :data:`DOMAIN`, the square minus the disks in :mod:`lit_constrained.physics`'
+constructive geometry): ``x_pde`` inside :math:`\Omega`; ``x_outer`` and ``x_holes`` one sample of the
+whole boundary by arc length (the sides' length 4, the circles' :math:`0.8\pi`), split by where each point
+fell, as PINNacle samples the boundary and lets each condition take its part. ``_imposed``: seed + 1,
+``_check``: seed + 2.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 from typing import Any
 
 import numpy as np
 
-from lit_constrained.physics import Box, SamplingMethod, unit_cube_sample
+from lit_constrained.physics import Box, Disk, Geometry, SamplingMethod
 from lit_constrained.tasks.cache import DEFAULT_CACHE_DIR
 from lit_constrained.tasks.pinnacle_common import PinnacleData, as_float64, check_counts
 from lit_constrained.tasks.sampling import BatchMode
 
 __all__ = [
-    "CENTERS", "RADIUS", "SQUARE", "PoissonPinnacleData", "boundary_split", "hole_points", "in_domain",
-    "interior_points", "poisson_points", "solve_reference",
+    "CENTERS", "DOMAIN", "RADIUS", "SQUARE", "PoissonPinnacleData", "boundary_sets", "in_domain", "on_square_sides",
+    "poisson_points", "solve_reference",
 ]
 
 SQUARE = Box((-0.5, -0.5), (0.5, 0.5))
 #: the holes' centres and radius (PINNacle's circ, scale 1)
 CENTERS = np.array([[0.3, 0.3], [-0.3, 0.3], [0.3, -0.3], [-0.3, -0.3]])
 RADIUS = 0.1
-OUTER_LENGTH = 4.0
-HOLES_LENGTH = 4 * 2 * math.pi * RADIUS
+#: the square minus the four disks (:mod:`lit_constrained.physics`' constructive geometry)
+DOMAIN: Geometry = functools.reduce(lambda domain, center: domain - Disk(tuple(center), RADIUS), CENTERS, SQUARE)
 
 
 def in_domain(points: np.ndarray) -> np.ndarray:
@@ -60,39 +60,19 @@ def in_domain(points: np.ndarray) -> np.ndarray:
     return (distance > RADIUS).all(axis=1)
 
 
-def interior_points(n: int, method: SamplingMethod = "uniform", seed: int = 0) -> np.ndarray:
-    """n points of the square outside the holes: samples of the square (``method``), the first n kept."""
-    if method == "grid":
-        raise ValueError("interior_points: the holes leave no tensor grid; use 'uniform', 'lhs' or 'sobol'.")
-    rng = np.random.default_rng(seed)
-    area = 1.0 - 4 * math.pi * RADIUS**2
-    draw = int(math.ceil(n / area * 1.2)) + 16
-    while True:
-        points = unit_cube_sample(draw, 2, method, rng) - 0.5
-        kept = points[in_domain(points)]
-        if len(kept) >= n:
-            return kept[:n]
-        draw *= 2
+def on_square_sides(points: np.ndarray) -> np.ndarray:
+    """True where a boundary point (N, 2) lies on the square's sides (else it lies on a circle)."""
+    return (np.abs(np.abs(points) - 0.5) < 1e-12).any(axis=1)
 
 
-def hole_points(n: int, method: SamplingMethod = "uniform", seed: int = 0) -> np.ndarray:
-    """n points on the four circles (their shares as equal as n allows; angles by ``method``)."""
+def boundary_sets(n: int, method: SamplingMethod, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(on the square's sides, on the circles): n points of the domain's boundary by arc length
+    (:meth:`~lit_constrained.physics.Geometry.boundary`), split by where they fell."""
     if n == 0:
-        return np.zeros((0, 2))
-    counts = [n // 4 + (1 if i < n % 4 else 0) for i in range(4)]
-    blocks = []
-    for center, count, stream in zip(CENTERS, counts, np.random.SeedSequence(seed).spawn(4)):
-        if count:
-            angle = 2 * math.pi * unit_cube_sample(count, 1, "uniform" if method == "grid" else method,
-                                                   np.random.default_rng(stream))[:, 0]
-            blocks.append(center + RADIUS * np.stack([np.cos(angle), np.sin(angle)], axis=1))
-    return np.concatenate(blocks)
-
-
-def boundary_split(n: int) -> tuple[int, int]:
-    """(on the square's sides, on the circles): n shared in proportion to the lengths 4 and 0.8 pi."""
-    outer = int(round(n * OUTER_LENGTH / (OUTER_LENGTH + HOLES_LENGTH)))
-    return outer, n - outer
+        return np.zeros((0, 2)), np.zeros((0, 2))
+    points = DOMAIN.boundary(n, method, seed).numpy()
+    sides = on_square_sides(points)
+    return points[sides], points[~sides]
 
 
 def solve_reference(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -175,31 +155,26 @@ def poisson_points(
     n_check: int = 256,
     n_reference: int = 400,
     test_stride: int = 4,
-    method: SamplingMethod = "uniform",
+    method: SamplingMethod = "lhs",
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
     """Every point set of Poisson2d-C and the finite-difference reference at the test nodes (float64).
 
-    The boundary sets ``outer`` / ``holes`` share ``n_boundary`` (and ``n_boundary_imposed``, ``n_check``)
-    by :func:`boundary_split`.
+    The boundary sets ``outer`` / ``holes`` share ``n_boundary`` (and ``n_boundary_imposed``, ``n_check``):
+    one sample of the whole boundary by arc length, split by where each point fell (:func:`boundary_sets`).
     """
     check_counts(n_pde=n_pde, n_boundary=n_boundary, n_pde_imposed=n_pde_imposed,
                  n_boundary_imposed=n_boundary_imposed, n_check=n_check, test_stride=test_stride)
     if n_reference % test_stride:
         raise ValueError(f"test_stride ({test_stride}) must divide n_reference ({n_reference}).")
 
-    def outer(n: int, s: int) -> np.ndarray:
-        return SQUARE.boundary(n, method, s).numpy() if n else np.zeros((0, 2))
-
     arrays: dict[str, Any] = {
-        "x_pde": interior_points(n_pde, method, seed),
-        "x_pde_imposed": interior_points(n_pde_imposed, method, seed + 1) if n_pde_imposed else np.zeros((0, 2)),
-        "x_pde_check": interior_points(n_check, method, seed + 2),
+        "x_pde": DOMAIN.interior(n_pde, method, seed),
+        "x_pde_imposed": DOMAIN.interior(n_pde_imposed, method, seed + 1) if n_pde_imposed else np.zeros((0, 2)),
+        "x_pde_check": DOMAIN.interior(n_check, method, seed + 2),
     }
     for suffix, n, s in (("", n_boundary, seed), ("_imposed", n_boundary_imposed, seed + 1), ("_check", n_check, seed + 2)):
-        n_outer, n_holes = boundary_split(n)
-        arrays[f"x_outer{suffix}"] = outer(n_outer, s)
-        arrays[f"x_holes{suffix}"] = hole_points(n_holes, method, s)
+        arrays[f"x_outer{suffix}"], arrays[f"x_holes{suffix}"] = boundary_sets(n, method, s)
     nodes, u, inside = solve_reference(n_reference)
     keep = np.zeros_like(inside)
     keep[::test_stride, ::test_stride] = True
@@ -219,7 +194,7 @@ class PoissonPinnacleData(PinnacleData):
         n_check: held-out points (interior, and boundary split as n_boundary).
         n_reference: the reference grid's intervals per axis (h = 1 / n_reference).
         test_stride: the test points are every test_stride-th reference node per axis.
-        method: ``"uniform"``, ``"lhs"`` or ``"sobol"``. seed: the objective's points (imposed: + 1, check: + 2).
+        method: ``"lhs"``, ``"uniform"`` or ``"sobol"``. seed: the objective's points (imposed: + 1, check: + 2).
         cache_dir: where the arrays are cached (None: always regenerate).
     """
 
@@ -237,7 +212,7 @@ class PoissonPinnacleData(PinnacleData):
         n_check: int = 256,
         n_reference: int = 400,
         test_stride: int = 4,
-        method: SamplingMethod = "uniform",
+        method: SamplingMethod = "lhs",
         seed: int = 0,
         cache_dir: str | None = str(DEFAULT_CACHE_DIR),
         num_workers: int = 0,

@@ -21,7 +21,7 @@ from lit_constrained.tasks.pinnacle import (
 )
 from lit_constrained.tasks.pinnacle_burgers_data import NU, burgers_exact
 from lit_constrained.tasks.pinnacle_heat_data import DIFFUSIVITY, heat_exact
-from lit_constrained.tasks.pinnacle_poisson_data import CENTERS, RADIUS, boundary_split
+from lit_constrained.tasks.pinnacle_poisson_data import CENTERS, RADIUS
 from lit_constrained.tasks.pinnacle_wave_data import wave_exact
 
 SMALL = {"n_pde": 12, "n_boundary": 8, "n_pde_imposed": 3, "n_boundary_imposed": 4, "n_check": 6, "cache_dir": None}
@@ -55,18 +55,20 @@ def test_burgers_points_lie_where_they_belong_and_are_seeded():
     assert not np.array_equal(a["x_pde"], a["x_pde_imposed"][:1].repeat(len(a["x_pde"]), 0))
 
 
-def test_poisson_points_avoid_the_holes_and_split_the_boundary_by_length():
-    _, data = small("poisson", n_pde=200, n_boundary=100)
+def test_poisson_points_avoid_the_holes_and_share_the_boundary_by_length():
+    _, data = small("poisson", n_pde=200, n_boundary=400)
     a = data.arrays
     distance = np.linalg.norm(a["x_pde"][:, None] - CENTERS[None], axis=2).min(1)
     assert (distance > RADIUS).all() and (np.abs(a["x_pde"]) < 0.5).all()
     assert a["x_pde"].shape == (200, 2)
-    outer, holes = boundary_split(100)
-    assert (outer, holes) == (round(100 * 4 / (4 + 0.8 * math.pi)), 100 - outer)
-    assert a["x_outer"].shape == (outer, 2) and (np.abs(a["x_outer"]) == 0.5).any(1).all()
-    on_circle = np.linalg.norm(a["x_holes"][:, None] - CENTERS[None], axis=2).min(1)
-    assert a["x_holes"].shape == (holes, 2) and np.allclose(on_circle, RADIUS)
+    outer, holes = a["x_outer"], a["x_holes"]
+    assert len(outer) + len(holes) == 400
+    assert abs(len(outer) / 400 - 4 / (4 + 0.8 * math.pi)) < 0.05  # by arc length: sides 4, circles 0.8 pi
+    assert (np.abs(outer) == 0.5).any(1).all() and (np.abs(outer) <= 0.5).all()
+    on_circle = np.linalg.norm(holes[:, None] - CENTERS[None], axis=2).min(1)
+    assert np.allclose(on_circle, RADIUS)
     assert np.isfinite(a["u_test"]).all() and (a["u_test"] >= 0).all() and (a["u_test"] <= 1).all()
+    assert np.allclose(a["u_test"][(np.abs(a["x_test"]) == 0.5).any(1)], 1.0)
 
 
 def test_wave_and_heat_points_lie_where_they_belong():
