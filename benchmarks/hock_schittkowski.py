@@ -158,6 +158,21 @@ def table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def source_version() -> str:
+    """The commit of lit_constrained/optim (and "+ uncommitted changes" when its files differ from it)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "log", "-1", "--format=%h", "--", "lit_constrained/optim"], cwd=root,
+                                capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "lit_constrained/optim"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+    return commit + (" + uncommitted changes" if dirty else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4000)
@@ -167,11 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the runs to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    runs = [solve(BY_NAME[name], optimizer, args.steps, args.corrections)
-            for name in args.problems for optimizer in args.optimizers]
     print(f"torch {torch.__version__}, float64, {args.steps} steps, lr_k = lr (1 - k/steps), "
           f"corrections {'on' if args.corrections else 'off'}; targets |x - x*|_inf <= {TARGET_X:g}, "
-          f"violation <= {TARGET_VIOLATION:g}")
+          f"violation <= {TARGET_VIOLATION:g}; optim at {source_version()}", flush=True)
+    runs = []
+    for name in args.problems:
+        for optimizer in args.optimizers:
+            runs.append(solve(BY_NAME[name], optimizer, args.steps, args.corrections))
+            print(table(runs[-1:]).splitlines()[-1], flush=True)
     print(table(runs))
     for r in runs:
         for w in r.warnings:
