@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from .checks import check_betas, check_positive
-from .constrained import MergedStepOptimizer, ParamsT, Projection
+from .constrained import ParamsT, Projection
+from .merged import MergedStepOptimizer
 from .gram_factor import GramFactor
 from .hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,

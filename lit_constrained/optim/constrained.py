@@ -66,7 +66,6 @@ import functools
 import math
 import warnings
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -74,11 +73,11 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.optimizer import ParamsT
 
-from .active_set import Inequalities, impose_inequalities
 from .autocast import outside_autocast
 from .blas_threads import host_blas_threads
 from .checks import check_finite, check_lr, check_positive, check_shared_keys, prepared_constraint_inputs
-from .corrections import evaluated_constraints, hold_feasibility, max_violation
+from .corrections import hold_feasibility, max_violation
+from .inequality_rows import InequalityRows
 from .flat import FlatLayout, group_blocks, group_params
 from .gram_factor import EIGH_MAX_SIZE, GramFactor
 from .hyperparameters import (
@@ -110,13 +109,14 @@ from .nullspace import (
     scaled_gram,
     scaled_scratch_shape,
 )
-from .projection import NormalDirection, Projection, Projector, mixed_lr_step
-from .safeguard import ADAPTIVE_NORMAL_STEP, normal_step_scale
+from .projection import Projection, Projector
+from .safeguard import ADAPTIVE_NORMAL_STEP
 from .step_diagnostics import record_step
+from .step_inputs import Composed, StepInputs
 
 __all__ = [
     "ADAPTIVE_NORMAL_STEP", "DEFAULT_CONSTRAINT_TOL", "DEFAULT_LR", "DEFAULT_MAX_CORRECTIONS",
-    "DEFAULT_MAX_NORMAL_STEP", "DEFAULT_RHO", "ConstrainedOptimizer", "MaxNormalStep", "MergedStepOptimizer",
+    "DEFAULT_MAX_NORMAL_STEP", "DEFAULT_RHO", "Composed", "ConstrainedOptimizer", "MaxNormalStep",
     "ParamsT", "Precision", "Projection", "Rho", "StepInputs",
 ]
 
@@ -137,56 +137,11 @@ def _with_host_blas_threads(step: Callable[..., Any]) -> Callable[..., Any]:
     return limited
 
 
-@dataclass
-class StepInputs:
-    """One step's inputs in the flat layout: g, c (float64), J (working dtype), the state, the loss."""
-
-    layout: FlatLayout
-    reals: list[Tensor]
-    dtype: torch.dtype
-    g: Tensor
-    c: Tensor
-    jacobian: Tensor
-    state: dict[str, Any]
-    loss: Any = None
-    finite: Tensor | None = None
-    """0-dim bool: further inputs of an optimizer (SQP-MoMo's loss and <g, x>, the inequality rows) are
-    finite; joins the step's one host read."""
-    inequalities: Inequalities | None = None
-    """The rows g <= 0 with their Jacobian (p > 0), or None."""
-    warm: list[int] = field(default_factory=list)
-    """The inequality rows active at the last step (``state["active_set"]``): this step's working set."""
-    tangent_projection: Projection | None = None
-    """With a working set: the projection of the rows E + warm, whose null space the tangential
-    direction's moments are projected on (so that they vanish at a KKT point on the active face)."""
-    stacked: dict[tuple[int, ...], tuple[Projection, Projector]] = field(default_factory=dict)
-    """The factorizations of stacked rows [J; G_rows] made in this step."""
-
-    @property
-    def m(self) -> int:
-        return self.c.numel()
-
-
-@dataclass
-class Composed:
-    """A composed step: delta (in x), the normal-step scale s tau (None where it is per block) and the
-    normal step's norm; with inequality rows also the projector of the rows E + A the step imposed (the
-    corrections' rows) and the active rows."""
-
-    delta: Tensor
-    scale: Tensor | None
-    normal_norm: Tensor
-    imposed: Projector | None = None
-    active: list[int] | None = None
-
-
-class ConstrainedOptimizer(Optimizer, ABC):
+class ConstrainedOptimizer(InequalityRows, Optimizer, ABC):
     """Shared machinery: hyperparameters, input checks, the flat layout, rho / "full", the safeguard,
     the merged step, the corrections, diagnostics, state and workspaces."""
 
     requires = frozenset({"constraints", "jacobian"})
-    accepts_inequalities: bool = False
-    """Whether ``step`` takes ``inequalities=`` / ``inequality_jacobian=`` (rows g <= 0)."""
     shared_keys: tuple[str, ...] = SHARED_KEYS
     """Hyperparameters of the one projection: equal in all param groups."""
 
@@ -432,114 +387,6 @@ class ConstrainedOptimizer(Optimizer, ABC):
             self.diagnostics = record
         return loss
 
-    # ------------------------------------------------------------------ inequality rows
-    def _inequality_inputs(self, inputs: StepInputs, inequalities: Tensor | None,
-                           inequality_jacobian: Tensor | None) -> None:
-        """Validate g and G and put them on ``inputs`` (their finiteness joins the step's host read)."""
-        if inequalities is None and inequality_jacobian is None:
-            self.active_set, self.inequality_multipliers = [], None
-            inputs.state.pop("active_set", None)
-            return
-        owner = type(self).__name__
-        if not self.accepts_inequalities:
-            raise TypeError(
-                f"{owner} takes no inequality rows (inequalities=); SQPAdam and SQPHeavyBall impose them."
-            )
-        n = inputs.layout.n
-        g, G = prepared_constraint_inputs(
-            f"{owner} (inequalities)", inequalities, inequality_jacobian, n, inputs.dtype, inputs.g.device,
-            lambda p: self._buffer("inequality_jacobian", (p, n), inputs.dtype, inputs.g.device),
-        )
-        if not g.numel():
-            self.active_set, self.inequality_multipliers = [], None
-            inputs.state.pop("active_set", None)
-            return
-        if len({float(group["lr"]) for group in self.param_groups}) > 1:
-            raise ValueError(
-                f"{owner}: inequality rows need one lr in all param groups (the active-set step projects one "
-                "tangential direction); the groups' lrs differ: give them one lr."
-            )
-        finite = torch.isfinite(g).all()  # (a NaN/inf in G shows in the active-set check's G delta)
-        inputs.finite = finite if inputs.finite is None else inputs.finite & finite
-        inputs.inequalities = Inequalities(g, G)
-        working = inputs.state.get("active_set")
-        inputs.warm = [] if working is None else [row for row in working.tolist() if row < g.numel()]
-
-    def _violation(self, inputs: StepInputs) -> Tensor:
-        """max(max |c|, max(g, 0)) (0-dim float64): the violation the tolerances are relative to."""
-        violation = inputs.c.abs().max() if inputs.m else inputs.c.new_zeros(())
-        if inputs.inequalities is not None:
-            violation = torch.maximum(violation, inputs.inequalities.violation())
-        return violation
-
-    def _stacked(self, inputs: StepInputs, rows: list[int], with_gradient: bool = False
-                 ) -> tuple[Projection, Projector]:
-        """The projection and projector of [J; G_rows] (the step's factorization and refinement plan for
-        those rows, made once a step; the exact-Gram memory of stacked rows kept apart from that of J).
-        ``with_gradient``: the projection carries [J; G_rows] g from the Gram's pass (for P g)."""
-        key = tuple(rows)
-        if key in inputs.stacked:
-            return inputs.stacked[key]
-        J, G = inputs.jacobian, inputs.inequalities.jacobian
-        m, n = J.shape
-        slot = "stacked_jacobian_working" if rows == inputs.warm else "stacked_jacobian"
-        stacked = self._buffer(slot, (m + len(rows), n), J.dtype, J.device)
-        stacked[:m].copy_(J)
-        torch.index_select(G, 0, torch.tensor(rows, dtype=torch.long, device=G.device), out=stacked[m:])
-        equality_memory, self._exact_gram_for = self._exact_gram_for, self._stacked_exact_gram_for
-        try:
-            factor, finite, Jg = self._scaled_factorize(stacked, None, inputs.g if with_gradient else None)
-            if Jg is not None:
-                finite = finite & torch.isfinite(Jg).all()
-            target = torch.zeros(m + len(rows), dtype=torch.float64, device=J.device)
-            projection = Projection(stacked, factor, finite, target, gradient_product=Jg)
-            stacked_inputs = StepInputs(inputs.layout, inputs.reals, inputs.dtype, inputs.g, target, stacked,
-                                        inputs.state)
-            projector = self._projector(projection, stacked_inputs, warn_dependent=False)
-            self._stacked_exact_gram_for = self._exact_gram_for
-        finally:
-            self._exact_gram_for = equality_memory
-        inputs.stacked[key] = projection, projector
-        return projection, projector
-
-    def _with_inequalities(self, projector: Projector, inputs: StepInputs, w: Tensor, a: float, sc: Tensor,
-                           fraction: Tensor, delta: Tensor) -> tuple[Projector, list[int]]:
-        """The step with the inequality rows into ``delta`` (:func:`~lit_constrained.optim.active_set.impose_inequalities`),
-        warm-started from the last step's active set; returns the imposed rows' projector and the active rows."""
-        warm = inputs.warm
-        if not warm:
-            projector.merged(w, a, sc, delta)
-        result = impose_inequalities(
-            equality_projector=projector, stacked_projector=lambda rows: self._stacked(inputs, rows)[1],
-            sc=sc, inequalities=inputs.inequalities, t=fraction, w=w, a=a, warm=warm,
-            rcond=float(self.param_groups[0]["rcond"]), delta=delta, equality_delta_formed=not warm,
-            owner=type(self).__name__, gradient_multipliers=self._gradient_multipliers(inputs),
-        )
-        self.active_set, self.inequality_multipliers = result.active, result.multipliers
-        inputs.state["active_set"] = torch.tensor(result.working, dtype=torch.long)
-        return result.projector, result.active
-
-    @staticmethod
-    def _gradient_multipliers(inputs: StepInputs) -> Tensor | None:
-        """The working rows' first-order multiplier estimates, the inequality part of
-        :math:`-\\hat G^+ \\hat J \\nabla f` (no pass over J: [J; G_warm] g came with the Gram)."""
-        projection = inputs.tangent_projection
-        if projection is None or projection.gradient_product is None:
-            return None
-        return -projection.factor.solve(projection.gradient_product)[inputs.m:]
-
-    def _record_inequalities(self, record: dict[str, Tensor], inputs: StepInputs) -> None:
-        """``active`` (rows), ``dual_max`` (the largest inequality multiplier) and the violation of both
-        kinds of rows (``violation_max``: max(max |c|, max(g, 0)) at the step's start)."""
-        device = inputs.g.device
-        record["active"] = torch.tensor(float(len(self.active_set)), dtype=torch.float64, device=device)
-        multipliers = self.inequality_multipliers
-        record["dual_max"] = (multipliers.max() if multipliers is not None and multipliers.numel()
-                              else torch.zeros((), dtype=torch.float64, device=device))
-        record["inequality_violation"] = inputs.inequalities.violation()
-        record["violation_max"] = self._violation(inputs)
-        record["violation_ratio"] = record["violation_max"] / state_violation(inputs.state)
-
     def _call_closure(self, closure: Callable[[], Any] | None) -> Any:
         """The closure's value (called under grad mode), or None."""
         if closure is None:
@@ -646,28 +493,6 @@ class ConstrainedOptimizer(Optimizer, ABC):
             record["step_fraction"] = as_tensor(fraction)
             record["corrected_violation"] = as_tensor(violation)
 
-    @staticmethod
-    def _inequality_measure(evaluate: Callable[[], Any], inputs: StepInputs, active: list[int]
-                            ) -> Callable[[], tuple[Tensor, float]]:
-        """The corrections' measure with inequality rows: the closure returns (c, g); the target is
-        [c; g_A] (the imposed rows), the violation max(max |c|, max(g, 0)) over every row."""
-        m, p = inputs.m, inputs.inequalities.p
-        rows = torch.tensor(active, dtype=torch.long, device=inputs.c.device)
-
-        def measure() -> tuple[Tensor, float]:
-            values = evaluate()
-            if not isinstance(values, (tuple, list)) or len(values) != 2:
-                raise ValueError(
-                    "constraint_closure must return the pair (c, g) when the step is given inequalities: c "
-                    f"of shape ({m},), g of shape ({p},), at the updated parameters."
-                )
-            c = evaluated_constraints(lambda: values[0], m).to(torch.float64)
-            g = evaluated_constraints(lambda: values[1], p).to(torch.float64)
-            violation = max(float(c.abs().max()) if m else 0.0, float(g.max().clamp_min(0.0)))
-            return torch.cat([c, g[rows]]), violation
-
-        return measure
-
     def _warn_if_dependent(self, rank: int, m: int, n: int, condition: float) -> None:
         """One warning per optimizer when the imposed constraints are numerically dependent (rank < m):
         duplicate points, or more points than the network can satisfy (m > n among them)."""
@@ -695,109 +520,3 @@ class ConstrainedOptimizer(Optimizer, ABC):
             "The step is not finite (an overflow in the projection); the step was not taken. "
             "Check the loss/constraints at this point (a diverging run or a bad batch)."
         )
-
-
-class MergedStepOptimizer(ConstrainedOptimizer):
-    r"""A :class:`ConstrainedOptimizer` whose step is the merged one,
-    :math:`\Delta x = T(a \tilde P w - s \tilde J^+ c)`: a subclass supplies its tangential direction w
-    (``_tangent``), and for a scaled projection Jacobian ``_to_x`` and ``_normal_direction``."""
-
-    @abstractmethod
-    def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
-                 diagnostics: dict[str, Tensor] | None) -> Tensor:
-        """Update the state; return w (projection variables, working dtype; may be a workspace)."""
-
-    def _normal_direction(self, projection: Projection, c: Tensor, step_scale: float | None) -> NormalDirection:
-        """||T(J~^+ c)||: free for T = identity (c^T G~^+ c). ``step_scale`` = a (all groups share one lr)
-        or None: a hook that makes a pass over J~ may form the tangential part with it
-        (:class:`~lit_constrained.optim.projection.NormalDirection`)."""
-        return NormalDirection(projection.factor.pinv_norm_sq(c).sqrt())
-
-    def _compose(self, projection: Projection, projector: Projector, inputs: StepInputs,
-                 record: dict[str, Tensor] | None) -> Composed:
-        """Delta x = T(a P~ w - s J~^+ c) (:mod:`~lit_constrained.optim.projection`) with the safeguarded
-        s, w from ``_tangent``; groups with different lrs scale their blocks of the tangential part."""
-        tangent = inputs.tangent_projection or projection
-        w = self._tangent(tangent, inputs.g, inputs.state, record)
-        projection.tangent_scale = tangent.tangent_scale
-        c, m = inputs.c, inputs.m
-        rho = self.rho
-        lrs = [float(group["lr"]) for group in self.param_groups]
-        lr = lrs[0]
-        uniform = all(rate == lr for rate in lrs)
-        a = lr * projection.tangent_scale
-        delta = self._vector("delta", inputs.g)
-        if inputs.inequalities is not None:
-            return self._compose_with_inequalities(projection, projector, inputs, w, a, delta)
-        if m == 0:  # no constraints: the unprojected direction, scaled by each group's lr
-            if uniform:
-                torch.mul(w, a, out=delta)
-            else:
-                for group, block in self._group_blocks():
-                    torch.mul(w[block], float(group["lr"]) * projection.tangent_scale, out=delta[block])
-            return Composed(delta, None, torch.zeros((), dtype=torch.float64, device=delta.device))
-        if not uniform and rho != "full":  # each block's normal part scaled by its own lr * rho
-            normal = self._mixed_lr_parts(projection, projector, w, c, delta)
-            lr_rho = torch.cat([torch.full((block.stop - block.start,), float(group["lr"]) * float(rho),
-                                           dtype=delta.dtype, device=delta.device)
-                                for group, block in self._group_blocks()])
-            delta.addcmul_(lr_rho, normal)
-            return Composed(delta, None, torch.full((), math.nan, dtype=torch.float64, device=delta.device))
-        s = 1.0 if rho == "full" else lr * float(rho)
-        direction = self._normal_direction(projection, c, a if uniform else None)
-        first = self.param_groups[0]
-        scale, normal_norm = normal_step_scale(first["max_normal_step"], rho, s, direction.norm, c,
-                                               projection.factor, lambda: _norm(inputs.reals), inputs.state)
-        sc = scale * c
-        if not uniform:  # rho = "full": the normal part unscaled, the tangential part per block
-            delta.add_(self._mixed_lr_parts(projection, projector, w, c, delta) * scale.to(delta.dtype))
-            return Composed(delta, scale, normal_norm)
-        if direction.direction is None:
-            projector.merged(w, a, sc, delta)
-        else:  # -J~^+ c was formed for the safeguard's norm: reuse it, a P~ w + s (-J~^+ c), then refine
-            if direction.tangent is None:
-                projector.unrefined(w, a, delta)
-            else:  # -J~^T G~^+ (a J~ w) came from the same pass: a P~ w = a w + tangent
-                torch.add(direction.tangent, w, alpha=a, out=delta)
-            delta.addcmul_(direction.direction, scale.to(delta.dtype))
-            projector.refine(delta, sc)
-        self._to_x(projection, delta)
-        return Composed(delta, scale, normal_norm)
-
-    def _compose_with_inequalities(self, projection: Projection, projector: Projector, inputs: StepInputs,
-                                   w: Tensor, a: float, delta: Tensor) -> Composed:
-        """The merged step with inequality rows (one lr in all groups: checked in ``_inequality_inputs``): the equality rows' safeguarded scale s tau as in the equality step, the
-        inequality rows at the fraction tau of their full normal step."""
-        c, rho = inputs.c, self.rho
-        lr = float(self.param_groups[0]["lr"])
-        if inputs.m:
-            s = 1.0 if rho == "full" else lr * float(rho)
-            direction = self._normal_direction(projection, c, a)
-            scale, normal_norm = normal_step_scale(self.param_groups[0]["max_normal_step"], rho, s, direction.norm,
-                                                   c, projection.factor, lambda: _norm(inputs.reals), inputs.state)
-            fraction = scale / s if s > 0 else torch.ones((), dtype=torch.float64, device=c.device)
-        else:
-            scale = fraction = torch.ones((), dtype=torch.float64, device=c.device)
-            normal_norm = torch.zeros((), dtype=torch.float64, device=c.device)
-        imposed, active = self._with_inequalities(projector, inputs, w, a, scale * c, fraction, delta)
-        self._to_x(projection, delta)
-        return Composed(delta, scale, normal_norm, imposed, active)
-
-    def _mixed_lr_parts(self, projection: Projection, projector: Projector, w: Tensor, c: Tensor, delta: Tensor
-                        ) -> Tensor:
-        """Groups with different lrs: delta = P(diag(lr) T(a P~ w)) (a = tangent_scale); returns the
-        normal direction T(-J~^+ c) for the caller to scale (per block or by s)."""
-        tangent = self._to_x(projection, projector.project(w, torch.empty_like(w), projection.tangent_scale))
-        block_lrs = [(float(group["lr"]), block) for group, block in self._group_blocks()]
-        mixed_lr_step(projector, tangent, block_lrs, self.param_groups[0]["rcond"], delta)
-        return self._to_x(projection, projector.normal(c, torch.empty_like(w)))
-
-
-def state_violation(state: dict[str, Any]) -> Tensor:
-    """The first step's violation, the scale of the violation ratio (0-dim float64, at least TINY)."""
-    return state["initial_violation"].clamp_min(1e-30)
-
-
-def _norm(tensors: list[Tensor]) -> Tensor:
-    """||x|| over the tensors (0-dim float64; step() runs under no_grad)."""
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)).to(torch.float64))

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from .checks import check_beta, check_betas, check_positive
-from .constrained import ConstrainedOptimizer, MergedStepOptimizer, ParamsT, Projection
+from .constrained import ConstrainedOptimizer, ParamsT, Projection
+from .merged import MergedStepOptimizer
 from .hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,
     DEFAULT_LR,

@@ -122,7 +122,8 @@ def test_a_step_after_one_that_needed_the_exact_gram_forms_it_at_once(monkeypatc
 def test_an_optimizer_must_give_a_composition_or_a_tangential_direction():
     """The kernel's contract is abstract methods, not a runtime stub: a ConstrainedOptimizer without
     ``_compose`` and a MergedStepOptimizer without ``_tangent`` cannot be created."""
-    from lit_constrained.optim.constrained import ConstrainedOptimizer, MergedStepOptimizer
+    from lit_constrained.optim.constrained import ConstrainedOptimizer
+    from lit_constrained.optim.merged import MergedStepOptimizer
 
     class NoComposition(ConstrainedOptimizer):
         def _init_state(self, n, device, dtype):
