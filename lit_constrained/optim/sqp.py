@@ -60,6 +60,19 @@ class SQPHeavyBall(MergedStepOptimizer):
     ``step(closure=None, *, constraints, jacobian, diagnostics=False)``: g is read from ``p.grad``;
     ``constraints`` is c (shape (m,)), ``jacobian`` is J (shape (m, n), flat layout); m = 0 gives heavy-ball
     SGD (torch's ``SGD(momentum=beta)`` with ``h = 1``).
+
+    **Inequality rows** (``step(..., inequalities=q, inequality_jacobian=Q)``, rows :math:`q(x) \le 0`,
+    bounds among them; :mod:`~lit_constrained.optim.active_set`): with A the active rows, the projector
+    :math:`P` and the normal step are those of the rows :math:`[J; Q_A]`, and the step solves
+
+    .. math::
+        \alpha d_k = \arg\min_{\Delta} \|\Delta - \alpha P_{W} r_k\|^2 \quad\text{s.t.}\quad
+        J_k \Delta = -\alpha\rho c_k,\ \ Q_k \Delta + \tau q_k \le 0
+
+    (:math:`\tau` the safeguard's fraction, 1 unless it caps the step) in the dual on the Gram of
+    :math:`[J; Q]`; the momentum is of :math:`u_k = -P_W g_k / h`, projected on the null space of the
+    working set W (the last step's active rows that the objective does not pull off their bounds).
+    With no active row the step is the equality step, bit for bit.
     """
 
     accepts_inequalities = True
@@ -133,7 +146,9 @@ class SQPAdam(MergedStepOptimizer):
 
     Hence :math:`J_k d_k = -\rho c_k`, and for a constant u (in the null space) the tangential step is
     :math:`\alpha (1-\beta_1^k)\,\mathrm{sign}(u)`: a built-in warm-up. The linear algebra and its
-    precision are those of :class:`SQPHeavyBall`; :math:`\eta_k` is folded into the merged step's scalar.
+    precision are those of :class:`SQPHeavyBall`, and so are the inequality rows (the moments of
+    :math:`u_k = -P_W g_k / h` on the working set's null space); :math:`\eta_k` is folded into the merged
+    step's scalar.
 
     Args:
         params: parameters or parameter groups.
