@@ -11,6 +11,7 @@ import errno
 import functools
 import hashlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -341,3 +342,41 @@ def test_the_command_lines_ckpt_path_last_gets_the_trusted_class_check(
               "--trainer.default_root_dir", str(tmp_path)])
     assert str(planted) in str(raised.value)
     assert not (tmp_path / "checkpoints" / "imported").exists() and "h37_cli_last_payload" not in sys.modules
+
+
+# -- a save killed midway: its temporary file is removed when the run resumes (issue 37, item 16) -------
+
+
+def test_a_resume_removes_the_temporary_file_of_a_save_killed_midway(saved: Path, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import time
+
+    from lit_constrained.callbacks.checkpointing import CrashSafeCheckpoint
+
+    _copy(saved, tmp_path, "last.ckpt")
+    ready = tmp_path.parent / f"{tmp_path.name}.ready"
+    writer = (  # a save through write_atomic that is killed after half the file is written
+        "import time, sys\nfrom pathlib import Path\nfrom lit_constrained.io import write_atomic\n"
+        "def half(tmp):\n    tmp.write_bytes(b'PK\\x03\\x04 half a checkpoint')\n"
+        f"    Path({str(ready)!r}).touch()\n    time.sleep(120)\n"
+        f"write_atomic(Path({str(tmp_path / 'last.ckpt')!r}), half)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", writer])
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert process.poll() is None and time.monotonic() < deadline, "the writer did not start"
+            time.sleep(0.05)
+        os.kill(process.pid, signal.SIGKILL)
+        assert process.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if process.poll() is None:
+            process.kill()
+    (left,) = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert left.startswith(f".last.ckpt.{process.pid}.")
+    trainer = quiet_trainer(max_steps=4, limit_val_batches=0, enable_checkpointing=True,
+                            callbacks=[CrashSafeCheckpoint(dirpath=str(tmp_path), every_n_steps=1)])
+    trainer.fit(_model(), _data(), ckpt_path="last")
+    assert trainer.global_step == 4
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # the resumed run's own saves left none

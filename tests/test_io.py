@@ -67,3 +67,45 @@ def test_concurrent_writers_use_distinct_temporaries(tmp_path: Path) -> None:
 
     write_atomic(target, outer)
     assert names[0] != names[1] and target.read_text() == "outer"  # the last rename wins
+
+
+# -- stale temporary files of a process killed mid-write (issue 37, item 16) ------------------------------
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from lit_constrained.io import _host_tag, remove_stale_temporaries  # noqa: E402
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and was reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=60)
+    return child.pid
+
+
+def test_only_the_temporaries_of_dead_processes_of_this_host_are_removed(tmp_path: Path) -> None:
+    dead = _dead_pid()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = {
+            "dead": f".last.ckpt.{dead}.{_host_tag()}0123456789ab.tmp",
+            "dead_untagged": f".last.ckpt.{dead}.0123456789ab.tmp",  # the name before the host tag
+            "dead_npz": f".arrays.npz.{dead}.{_host_tag()}0123456789ab.tmp.npz",
+            "live": f".last.ckpt.{live.pid}.{_host_tag()}0123456789ab.tmp",
+            "own": f".last.ckpt.{os.getpid()}.{_host_tag()}0123456789ab.tmp",
+            "other_host": f".last.ckpt.{dead}.{'0' * 6 if _host_tag() != '0' * 6 else '1' * 6}0123456789ab.tmp",
+            "not_ours": f".last.ckpt.{dead}.xyz.tmp",
+            "checkpoint": "last.ckpt",
+        }
+        for name in names.values():
+            (tmp_path / name).write_bytes(b"PK half a file")
+        removed = remove_stale_temporaries(tmp_path)
+        assert sorted(p.name for p in removed) == sorted(names[k] for k in ("dead", "dead_untagged", "dead_npz"))
+        kept = {"live", "own", "other_host", "not_ours", "checkpoint"}
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[k] for k in kept)
+    finally:
+        live.kill()
+        live.wait(timeout=60)
+    assert remove_stale_temporaries(tmp_path / "missing") == []

@@ -9,7 +9,9 @@ callback to every Trainer (``configure_callbacks``). Every checkpoint saved reco
 (:func:`~lit_constrained.module_parts.checkpoint_trust.record_task`), and every one restored, by any route
 (a path, ``last``, ``best``), must name only trusted modules and be of the module's task class and
 shapes (:func:`~lit_constrained.module_parts.checkpoint_trust.check_against_module`), refused before
-anything is restored or imported otherwise.
+anything is restored or imported otherwise. At the start of a fit, rank 0 removes the temporary files
+that a process killed mid-save left in the checkpoint directories (``.last.ckpt.<pid>.<hex>.tmp`` of a
+process no longer running on this host: :func:`~lit_constrained.io.remove_stale_temporaries`).
 
 A full disk usually shows first in the logger: TensorBoard's writer thread gets ``ENOSPC`` and Lightning's
 TensorBoard logger reports it as ``ValueError: you tried to log <number> which is currently not
@@ -25,8 +27,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lit_constrained.checkpoint_integrity import CheckpointWriteError, install_integrity_io
+from lit_constrained.io import remove_stale_temporaries
 from lit_constrained.module_parts import checkpoint_trust
 
 
@@ -54,6 +58,17 @@ class CheckpointIntegrity(Callback):
             checkpoint_trust.check_against_module(checkpoint, pl_module, source, trainer.datamodule)
 
         checkpoint_io.check_loaded = check_loaded  # this fit's module (setup runs before ckpt_path is read)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # after every callback's setup (the checkpoint directories are resolved), before the first save
+        if not trainer.is_global_zero:
+            return
+        directories = {str(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
+        removed = [path for directory in sorted(directories) for path in remove_stale_temporaries(directory)]
+        if removed:
+            names = ", ".join(path.name for path in removed)
+            rank_zero_info(f"lit-constrained: removed {len(removed)} temporary file(s) of an interrupted save "
+                           f"(their process no longer runs) from {', '.join(sorted(directories))}: {names}")
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
         checkpoint_trust.record_task(checkpoint, pl_module)
