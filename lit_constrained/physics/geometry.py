@@ -12,6 +12,7 @@ says otherwise; ``method`` is ``"uniform"``, ``"lhs"``, ``"sobol"`` or ``"grid"`
     domain.boundary(400, seed=1)                          # the same points, without normals
     domain.measure, domain.boundary_measure               # area 1 - 2 pi 0.01, length 4 + 0.4 pi
     domain.contains(x), domain.signed_distance(x), domain.normal(b.points)
+    hole = Disk((0.3, 0.3), 0.1).signed_distance(b.points).abs() < 1e-9  # which piece a point lies on
 
     Disk(center, radius)          # 2D; Ball(center, radius) in any dimension
     Polygon(vertices)             # 2D simple polygon, either orientation
