@@ -5,7 +5,8 @@ seconds: 3-10 s measured on a shared 2-core machine).
   commands that list the rest (``--help-all``: LightningCLI's complete help; a task's and an
   optimizer's arguments, e.g. ``--model.optimizer.help SQPAdam``).
 * :func:`preflight`: the errors that the command line and its config files can be checked for without
-  importing what they name: a ``--config`` file that is missing, unreadable or not a YAML mapping; a
+  importing what they name: no ``--config`` at all (and no ``--model``/``--data``); a ``--config`` file
+  that is missing, unreadable or not a YAML mapping; a
   key of a config or a ``--trainer.<name>`` / ``--<key>`` option that is not an argument of Lightning's
   ``Trainer`` or of the subcommand; a ``class_path`` whose module or class does not exist (a file next
   to the config, a module of this package, a short optimizer name: ``exp_fti.ExpFit``,
@@ -206,12 +207,31 @@ def _check_keys(where: str, keys: Sequence[str], section: str, allowed: frozense
             )
 
 
-def preflight(subcommand: str, args: Sequence[str]) -> None:
-    """Raise :class:`PreflightError` for what can be checked of ``lit-constrained <subcommand> <args>``
-    without importing Lightning (see the module docstring); return quietly otherwise."""
+#: what ``lit-constrained <subcommand>`` without a config answers (a run needs a task and its data)
+NO_CONFIG = ("no --config given: a run needs a config naming its task and its data (model: class_path: ..., "
+             "data: class_path: ...), e.g. lit-constrained {subcommand} --config "
+             "configs/spring/recommended/sqp_adam.yaml (the repository's configs/), or --model and --data; "
+             "lit-constrained {subcommand} --help lists the options")
+
+
+def _check_something_to_run(subcommand: str, args: Sequence[str], top_level_configs: Sequence[str]) -> None:
+    """A subcommand given neither a config (its own or a top-level one) nor the task and the data
+    as options: LightningCLI's answer would be "required: fit.data, fit.model", after seconds."""
+    if config_paths(args) or top_level_configs or any(arg in ("-h", "--help") for arg in args):
+        return
+    given = {name.split("=", 1)[0].split(".", 1)[0] for name in _option_names(args)}
+    if "model" not in given and "data" not in given:
+        raise PreflightError(NO_CONFIG.format(subcommand=subcommand))
+
+
+def preflight(subcommand: str, args: Sequence[str], top_level_configs: Sequence[str] = ()) -> None:
+    """Raise :class:`PreflightError` for what can be checked of ``lit-constrained [--config
+    <top_level_configs>] <subcommand> <args>`` without importing Lightning (see the module docstring);
+    return quietly otherwise."""
     configs = [(path, read_config(path)) for path in config_paths(args)]
     signatures = _trainer_signatures()
     if signatures is None or subcommand not in signatures:
+        _check_something_to_run(subcommand, args, top_level_configs)
         return
     trainer_arguments = signatures["__init__"]
     sections = frozenset({"seed_everything", "trainer", "model", "data"}) | (signatures[subcommand] - _FILLED_BY_THE_CLI)
@@ -227,6 +247,7 @@ def preflight(subcommand: str, args: Sequence[str]) -> None:
             _check_keys(f"--{name}", [rest.split(".", 1)[0]], "trainer", trainer_arguments, subcommand)
         elif not rest and head not in ("config", "help", "print_config", HELP_ALL[2:]):
             _check_keys(f"--{name}", [head], "top", sections, subcommand)
+    _check_something_to_run(subcommand, args, top_level_configs)  # after the options' own mistakes
     model_options, optimizer_options, optimizer_named = [], [], None
     for name, value in _option_values(args):
         parts = name.split(".")
@@ -779,11 +800,11 @@ def _exported(module: str) -> frozenset[str]:
     return frozenset()
 
 
-def run_preflight(subcommand: str, args: Sequence[str]) -> None:
+def run_preflight(subcommand: str, args: Sequence[str], top_level_configs: Sequence[str] = ()) -> None:
     """:func:`preflight`, its error printed in one line (``lit-constrained <subcommand>: error: ...``) and
     exit status 2, as argparse does."""
     try:
-        preflight(subcommand, args)
+        preflight(subcommand, args, top_level_configs)
     except PreflightError as error:
         sys.stderr.write(f"lit-constrained {subcommand}: error: {error}\n")
         raise SystemExit(2) from None

@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(cli_fast.short_fit_help(), end="")  # one page; --help-all has every option
         return
     rest = ["--help" if arg == cli_fast.HELP_ALL else arg for arg in rest]
-    cli_fast.run_preflight(args.subcommand, rest)  # a missing config, an unknown key: in milliseconds
+    cli_fast.run_preflight(args.subcommand, rest, args.config)  # a missing config, an unknown key: in milliseconds
     from lit_constrained import cli  # start-up speed: torch and Lightning (seconds), only to run
 
     if args.subcommand == "fit":

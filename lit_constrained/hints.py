@@ -231,6 +231,11 @@ def cli_error_hint(message: str) -> str | None:
             continue
         hints.append(_class_argument_hint(cls, argument))
     hints += _class_path_hints(message)
+    required = re.search(r"the following arguments are required: (.*)", message)
+    if required and re.search(r"\b(model|data)\b", required.group(1)):
+        hints.append("a run needs its task and its data: give a config naming them (model: class_path: ..., "
+                     "data: class_path: ...), --config CONFIG (e.g. configs/spring/recommended/sqp_adam.yaml), "
+                     "or --model and --data")
     return " ".join(dict.fromkeys(hints)) or None
 
 
