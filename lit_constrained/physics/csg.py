@@ -105,7 +105,7 @@ class _Combination(Geometry):
 
             engine = qmc.Sobol(self.dim, scramble=True, rng=rng)
         kept: list[np.ndarray] = []
-        have, batch = 0, max(64, 2 * n)
+        have, batch = 0, max(64, int(1.25 * n))  # later rounds sized by the acceptance seen
         for _ in range(MAX_ROUNDS):
             if engine is not None:  # whole powers of 2 keep each round of Sobol points balanced
                 batch = 1 << (batch - 1).bit_length()

@@ -171,3 +171,14 @@ def test_mixed_dimensions_and_non_geometries_are_refused():
         Union(Disk((0.0, 0.0), 1.0), np.zeros(2))
     with pytest.raises(ValueError, match="no grid"):
         plate().interior(16, "grid")
+
+
+def test_a_polygon_piece_is_the_same_as_a_box_piece():
+    hole = Disk((1.0, 0.5), 0.3)
+    square = Polygon([(0.0, 0.0), (2.0, 0.0), (2.0, 1.0), (0.0, 1.0)])
+    by_polygon, by_box = square - hole, Box((0.0, 0.0), (2.0, 1.0)) - hole
+    assert math.isclose(by_polygon.measure, 2 - PI * 0.09, rel_tol=1e-13)
+    assert math.isclose(by_polygon.boundary_measure, by_box.boundary_measure, rel_tol=1e-13)
+    points, normals = by_polygon.boundary_sample(300, "grid")
+    assert by_box.signed_distance(points).abs().max() < 1e-14
+    torch.testing.assert_close(normals, by_box.normal(points))
