@@ -291,12 +291,13 @@ class BoundaryCurve:
     :math:`p - \varepsilon n` and not :math:`p + \varepsilon n` (:math:`\varepsilon` = ``EPSILON`` x the
     diameter), and no earlier piece has p on its boundary with the same normal (a shared edge counts
     once). The test runs on ``RESOLUTION`` + 1 equispaced u of each piece (and its corners); each change
-    is bisected to machine precision. A kept or removed arc shorter than 1/``RESOLUTION`` of its piece's
+    is located to machine precision (``STEPS`` cuts of its bracket into ``SECTIONS``). A kept or removed arc shorter than 1/``RESOLUTION`` of its piece's
     boundary that falls between two nodes is missed.
     """
 
     RESOLUTION = 4096
-    BISECTIONS = 44  # from 1/RESOLUTION = 2^-12 of a piece's boundary to 2^-56
+    SECTIONS = 16  # each refinement step cuts a bracket into 16: 4 bits a step
+    STEPS = 11  # from 1/RESOLUTION = 2^-12 of a piece's boundary to 2^-56
     #: the perturbation of the test, relative to the diameter (an end point's error is about this)
     EPSILON = 1e-12
 
@@ -353,11 +354,16 @@ class BoundaryCurve:
         lo = [u[c] for u, c in zip(us, changes)]
         hi = [u[c + 1] for u, c in zip(us, changes)]
         lo_keep = [keep[c] for keep, c in zip(keeps, changes)]
-        for _ in range(cls.BISECTIONS):  # every change of every leaf at once
-            mid = [0.5 * (a + b) for a, b in zip(lo, hi)]
-            same = [at == k for at, k in zip(cls._kept(domain, leaves, mid), lo_keep)]
-            lo = [np.where(sm, m, a) for sm, m, a in zip(same, mid, lo)]
-            hi = [np.where(sm, b, m) for sm, m, b in zip(same, mid, hi)]
+        fractions = np.arange(1, cls.SECTIONS) / cls.SECTIONS
+        for _ in range(cls.STEPS):  # every change of every leaf at once, each bracket cut in SECTIONS
+            nodes = [np.concatenate([a[:, None], a[:, None] + (b - a)[:, None] * fractions, b[:, None]], axis=1)
+                     for a, b in zip(lo, hi)]
+            tests = cls._kept(domain, leaves, [t[:, 1:-1].reshape(-1) for t in nodes])
+            for j, (t, at, k) in enumerate(zip(nodes, tests, lo_keep)):
+                differs = at.reshape(len(t), cls.SECTIONS - 1) != k[:, None]
+                first = np.where(differs.any(axis=1), differs.argmax(axis=1), cls.SECTIONS - 1)
+                rows = np.arange(len(t))
+                lo[j], hi[j] = t[rows, first], t[rows, first + 1]
         pieces = []
         for (leaf, sign), keep, a, b, k in zip(leaves, keeps, lo, hi, lo_keep):
             cut = 0.5 * (a + b)
