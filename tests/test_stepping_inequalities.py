@@ -212,3 +212,18 @@ def test_the_real_optimizers_hold_linear_inequalities_after_one_full_normal_step
     assert all(b + w * x - (0.3 - x * x) >= -1e-12 for x in x_above)
     assert all(b + w * x - 0.45 <= 1e-12 for x in x_below)
     assert b == pytest.approx(0.3, abs=1e-12)  # the row u(0) >= 0.3 is active: the step stops on it
+
+
+def test_the_violation_monitor_norms_count_the_violated_part() -> None:
+    """ConstraintViolationMonitor at step 0: |v| = (0.3, 0.7, 0.1, 0.1, 0, 0, 0.1): l1 = 1.3, mean = 1.3 / 7,
+    l2 = sqrt(0.61) (the satisfied rows' |r| = 0.4, 0.1 do not count)."""
+    from lit_constrained.callbacks.violation import ConstraintViolationMonitor
+
+    task = Line(optimizer={"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}})
+    logger = MemoryLogger()
+    fit(task, steps=1, logger=logger, log_every_n_steps=1,
+        callbacks=[ConstraintViolationMonitor(metrics=("mean", "l1", "l2"), stages=("train",))])
+    # (the metrics' states are float32)
+    assert logger.series("Violation/train/l1")[0] == pytest.approx(1.3, rel=1e-6)
+    assert logger.series("Violation/train/mean")[0] == pytest.approx(1.3 / 7, rel=1e-6)
+    assert logger.series("Violation/train/l2")[0] == pytest.approx(0.61**0.5, rel=1e-6)
