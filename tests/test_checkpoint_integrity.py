@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
-from lit_constrained.callbacks.integrity import CheckpointIntegrity, disk_full
+from lit_constrained.callbacks.integrity import CheckpointIntegrity, disk_full, write_failure
 from lit_constrained.checkpoint_integrity import (
     INTEGRITY_KEY,
     CheckpointCorruptedError,
@@ -380,3 +381,94 @@ def test_a_resume_removes_the_temporary_file_of_a_save_killed_midway(saved: Path
     trainer.fit(_model(), _data(), ckpt_path="last")
     assert trainer.global_step == 4
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # the resumed run's own saves left none
+
+
+# -- a run directory that turns read-only mid-run: the package's one line first (issue 37, item 17) -----
+
+
+_MONKEYPATCH: dict[str, Any] = {}  # the running test's monkeypatch, for a ReadOnlyFrom the command line builds
+
+
+class ReadOnlyFrom(pl.Callback):
+    """From the end of step ``step`` on, every write of TensorBoard's event files fails as on a file system
+    remounted read-only (``OSError(EROFS)`` from the file that TensorBoard's writer thread appends to)."""
+
+    def __init__(self, step: int = 3, monkeypatch: Any = None) -> None:
+        self.step, self.monkeypatch = step, monkeypatch if monkeypatch is not None else _MONKEYPATCH["current"]
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step != self.step:
+            return
+        from tensorboard.compat.tensorflow_stub.io import gfile
+
+        def read_only(fs: Any, filename: Any, *args: Any, **kwargs: Any) -> None:
+            raise OSError(errno.EROFS, "Read-only file system", filename)
+
+        self.monkeypatch.setattr(gfile.LocalFileSystem, "append", read_only)
+        for logger in trainer.loggers:  # what TensorBoard does every flush_secs, now
+            logger.experiment.flush()
+
+
+def test_a_read_only_log_directory_is_one_line_first_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    logger = TensorBoardLogger(str(tmp_path), name="run", version=0)
+    trainer = quiet_trainer(max_steps=30, limit_val_batches=0, logger=logger, log_every_n_steps=1,
+                            callbacks=[ReadOnlyFrom(3, monkeypatch)])
+    with pytest.raises(Exception) as raised:
+        trainer.fit(_model(), _data())
+    assert write_failure(raised.value) is not None and write_failure(raised.value).errno == errno.EROFS
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("lit-constrained: ")]
+    assert ours == [ours[0]], err  # one line
+    assert f"the run cannot write to {tmp_path / 'run' / 'version_0'}: Read-only file system (EROFS)" in ours[0]
+    assert "Exception in thread" not in err and "Traceback" not in err  # the writer thread's traceback replaced
+
+
+def test_the_command_line_ends_a_read_only_run_with_that_line_and_status_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from lit_constrained.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
+    monkeypatch.setitem(_MONKEYPATCH, "current", monkeypatch)
+    with pytest.raises(SystemExit) as raised:
+        main(["fit", "--config", str(CONFIG), "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "30",
+              "--trainer.default_root_dir", str(tmp_path), f"--trainer.callbacks+={__name__}.ReadOnlyFrom"])
+    assert raised.value.code == 1
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("lit-constrained: ")]
+    assert len(ours) == 1 and "Read-only file system (EROFS)" in ours[0] and str(tmp_path) in ours[0], err
+    assert "checkpoints go to" in ours[0] and "Traceback" not in err and "you tried to log" not in err
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a private mount namespace (unshare -m) is Linux's")
+def test_a_file_system_remounted_read_only_mid_run_is_one_line(tmp_path: Path) -> None:
+    """The real thing: ``lit-constrained fit`` on a tmpfs remounted read-only at step 5 (a private mount
+    namespace; skipped where this process may not create one)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "sh", "-c", f"mount -t tmpfs none {tmp_path}"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here (unshare -m / mount tmpfs refused)")
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    (tmp_path / "remount.py").write_text(
+        "import subprocess\nimport lightning.pytorch as pl\n"
+        "class RemountReadOnlyAt(pl.Callback):\n"
+        "    def on_train_batch_end(self, trainer, *args):\n"
+        "        if trainer.global_step == 5:\n"
+        f"            subprocess.run(['mount', '-o', 'remount,ro', {str(mount)!r}], check=True)\n"
+    )
+    script = (f"mount -t tmpfs none {mount} && cd {tmp_path} && exec lit-constrained fit --config {CONFIG} "
+              f"--trainer.max_steps 200 --trainer.default_root_dir {mount}/run "
+              "--trainer.callbacks+=remount.RemountReadOnlyAt")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    ours = [line for line in done.stderr.splitlines() if line.startswith("lit-constrained: ")]
+    assert len(ours) == 1 and "Read-only file system (EROFS)" in ours[0] and f"{mount}/run" in ours[0], done.stderr
+    assert "Traceback" not in done.stderr and "Exception in thread" not in done.stderr

@@ -36,6 +36,7 @@ import lit_constrained.callbacks  # noqa: F401  (registers short class paths)
 import lit_constrained.optim  # noqa: F401
 import lit_constrained.tasks  # noqa: F401
 from lit_constrained.callbacks.checkpointing import resolve_last, with_default_checkpoint
+from lit_constrained.callbacks.integrity import exit_after_write_failure, write_failure
 from lit_constrained.callbacks.monitoring import default_logger
 from lit_constrained.callbacks.progress import LineProgress
 from lit_constrained.callbacks.watchdog import LauncherWatchdog
@@ -201,7 +202,9 @@ def main(args: Sequence[str] | None = None) -> None:
     A :class:`~lit_constrained.hints.SetupError` (a setting that cannot work, its message naming the fix:
     the Trainer's ``gradient_clip_val``, ``precision='16-mixed'``, ConstantStepAdam without its callback)
     is printed as one line, ``lit-constrained <subcommand>: error: <message>``, and exits with status 2,
-    as an argument error does; its traceback would only show where the check is made."""
+    as an argument error does; its traceback would only show where the check is made. A run whose files
+    cannot be written any more (a full disk, a read-only file system) ends with the one line that names
+    the directory and exit status 1 (:func:`~lit_constrained.callbacks.integrity.exit_after_write_failure`)."""
     put_working_directory_on_path()
     given = list(sys.argv[1:] if args is None else args)
     try:
@@ -211,6 +214,10 @@ def main(args: Sequence[str] | None = None) -> None:
         prog = f"lit-constrained {subcommand}" if subcommand else "lit-constrained"
         sys.stderr.write(f"{prog}: error: {' '.join(str(error).split())}\n")
         raise SystemExit(2) from None
+    except Exception as error:  # a file system that filled up or turned read-only: its one line, exit 1
+        if write_failure(error) is None:
+            raise
+        exit_after_write_failure(error)
 
 
 def run_fit(args: Sequence[str] = (), top_level: Sequence[str] = ()) -> None:
