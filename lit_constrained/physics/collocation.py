@@ -286,6 +286,8 @@ class Box(Geometry):
     def _boundary_numpy(self, n: int, method: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         return self._boundary_arrays(n, method, int(rng.integers(2**63)), None, "Box.boundary_sample")
 
+    _perimeter_straight = True  # its boundary map is straight between the corners
+
     @cached_property
     def _perimeter_breaks(self) -> np.ndarray:
         width, height = 2 * self._half

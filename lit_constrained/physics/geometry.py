@@ -266,6 +266,11 @@ class Geometry(ABC):
         """2D: the u of the corners of :meth:`_perimeter` (where it is not smooth), in [0, 1]."""
         return np.array([0.0, 1.0])
 
+    #: 2D: whether :meth:`_perimeter` is straight between its breaks (a polygon's edges)
+    _perimeter_straight = False
+    #: 2D: (cx, cy, r) where :meth:`_perimeter` is the circle c + r (cos 2 pi u, sin 2 pi u)
+    _perimeter_circle: tuple[float, float, float] | None = None
+
     # ------------------------------------------------------------------ constructive geometry
     def __sub__(self, other: Geometry) -> Difference:
         from lit_constrained.physics.csg import Difference
@@ -307,9 +312,6 @@ class BoundaryCurve:
         lengths = np.array([leaf.boundary_measure * (b - a) for leaf, _, a, b in pieces])
         self.lengths = lengths
         self.cumulative = np.concatenate([[0.0], np.cumsum(lengths)])
-        starts, ends = np.array([a for *_, a, _ in pieces]), np.array([b for *_, b in pieces])
-        self._slope = (ends - starts) / lengths
-        self._offset = starts - self.cumulative[:-1] * self._slope
         self._leaves: list[tuple[Geometry, float]] = []
         leaf_of_piece = []
         for leaf, sign, _, _ in pieces:
@@ -320,6 +322,44 @@ class BoundaryCurve:
                 self._leaves.append((leaf, sign))
             leaf_of_piece.append(key)
         self._leaf_of_piece = np.asarray(leaf_of_piece)
+        self._segments()
+
+    def _segments(self) -> None:
+        """The pieces split at their leaves' corners, as columns for :meth:`sample`: a straight segment
+        (a leaf with ``_perimeter_straight``) by its start, unit direction and normal; an arc of a circle
+        (a leaf with ``_perimeter_circle`` = (cx, cy, r)) by its center, radius and sign; any other curve
+        by its leaf's map. ``kind``: 0 straight, 1 circle, 2 + k the k-th other leaf."""
+        rows = []
+        others: list[tuple[Geometry, float]] = []
+        for leaf, sign, a, b in self.pieces:
+            straight = getattr(leaf, "_perimeter_straight", False)
+            circle = getattr(leaf, "_perimeter_circle", None)
+            breaks = leaf._perimeter_breaks
+            cuts = np.concatenate([[a], breaks[(breaks > a) & (breaks < b)], [b]]) if straight else np.array([a, b])
+            for lo, hi in zip(cuts[:-1], cuts[1:]):
+                length = leaf.boundary_measure * (hi - lo)
+                if length <= 0:
+                    continue
+                row = np.zeros(9)  # kind, x0, y0, dx, dy, nx, ny (straight) | cx, cy, r, sign (circle)
+                if straight:
+                    ends, _ = leaf._perimeter(np.array([lo, hi]))
+                    _, middle = leaf._perimeter(np.array([0.5 * (lo + hi)]))
+                    row[:7] = [0, *ends[0], *((ends[1] - ends[0]) / length), *(sign * middle[0])]
+                elif circle is not None:
+                    row[:5] = [1, *circle, sign]
+                else:
+                    if (leaf, sign) not in [(o, sg) for o, sg in others]:
+                        others.append((leaf, sign))
+                    row[0] = 2 + [(o, sg) for o, sg in others].index((leaf, sign))
+                rows.append((row, length, lo, hi))
+        table = np.array([row for row, *_ in rows])
+        lengths = np.array([length for _, length, _, _ in rows])
+        self._seg_kind = table[:, 0].astype(np.intp)
+        self._seg_columns = table[:, 1:].T.copy()  # (8, segments): contiguous per column
+        self._seg_cumulative = np.concatenate([[0.0], np.cumsum(lengths)])
+        self._seg_slope = np.array([(hi - lo) / length for _, length, lo, hi in rows])
+        self._seg_offset = np.array([lo for *_, lo, _ in rows]) - self._seg_cumulative[:-1] * self._seg_slope
+        self._seg_others = others
 
     @property
     def length(self) -> float:
@@ -378,19 +418,33 @@ class BoundaryCurve:
 
     def sample(self, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The boundary points (and normals) at the arc-length fractions v in [0, 1) of the whole boundary
-        (in v's order), each piece's map called once on its points."""
+        (in v's order): on a straight segment its start + arc length x its direction, on an arc of a
+        circle :math:`c + r(\\cos\\theta, \\sin\\theta)`, on another curve its leaf's map."""
         s = v * self.length
-        which = np.searchsorted(self.cumulative[1:-1], s, side="right")  # the piece of each point
-        u = self._offset[which] + self._slope[which] * s  # a + (s - S_j) (b - a) / L_j on piece j
-        leaf = self._leaf_of_piece[which]
+        which = np.searchsorted(self._seg_cumulative[1:-1], s, side="right")  # the segment of each point
+        along = s - self._seg_cumulative[which]
+        x0, y0, dx, dy, nx, ny, _, _ = self._seg_columns
         points = np.empty((len(v), 2))
         normals = np.empty((len(v), 2))
-        for index, (shape, sign) in enumerate(self._leaves):
-            rows = np.flatnonzero(leaf == index) if len(self._leaves) > 1 else slice(None)
-            if len(self._leaves) == 1 or len(rows):
-                p, nrm = shape._perimeter(u[rows])
-                points[rows] = p
-                normals[rows] = nrm if sign > 0 else -nrm
+        points[:, 0] = x0[which] + along * dx[which]
+        points[:, 1] = y0[which] + along * dy[which]
+        normals[:, 0] = nx[which]
+        normals[:, 1] = ny[which]
+        kind = self._seg_kind[which]
+        arcs = np.flatnonzero(kind == 1)
+        if len(arcs):
+            segment = which[arcs]
+            cx, cy, r, sign = (column[segment] for column in self._seg_columns[:4])
+            angle = (2 * math.pi) * (self._seg_offset[segment] + self._seg_slope[segment] * s[arcs])
+            cos, sin = np.cos(angle), np.sin(angle)
+            points[arcs, 0], points[arcs, 1] = cx + r * cos, cy + r * sin
+            normals[arcs, 0], normals[arcs, 1] = sign * cos, sign * sin
+        for index, (shape, sign_) in enumerate(self._seg_others):
+            rows = np.flatnonzero(kind == 2 + index)
+            if len(rows):
+                segment = which[rows]
+                p, nrm = shape._perimeter(self._seg_offset[segment] + self._seg_slope[segment] * s[rows])
+                points[rows], normals[rows] = p, sign_ * nrm
         return points, normals
 
     def area(self, nodes: int = 32) -> float:

@@ -128,6 +128,10 @@ class Ball(Geometry):
         direction /= np.linalg.norm(direction, axis=1, keepdims=True)
         return to_tensor(self._c + self.radius * unit[:, d:] ** (1.0 / d) * direction, dtype)
 
+    @property
+    def _perimeter_circle(self) -> tuple[float, float, float] | None:
+        return (self.center[0], self.center[1], self.radius) if self.dim == 2 else None
+
     def _perimeter(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.dim != 2:
             raise ValueError("A ball's arc-length map is its 2D circle's.")
@@ -323,6 +327,8 @@ class Polygon(Geometry):
     def _breaks(self) -> np.ndarray:
         length = self._edges[2]
         return np.concatenate([[0.0], np.cumsum(length) / length.sum()])
+
+    _perimeter_straight = True  # its boundary map is straight between the corners
 
     @property
     def _perimeter_breaks(self) -> np.ndarray:

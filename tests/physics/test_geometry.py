@@ -58,3 +58,21 @@ def test_box_is_a_geometry_with_the_closed_form_measures_distance_and_normals():
     torch.testing.assert_close(box.signed_distance(x), torch.tensor([-0.5, -0.1, math.sqrt(2)], dtype=torch.float64))
     assert box.normal(x[1:2]).tolist() == [[1.0, 0.0, 0.0]]
     assert box.contains(x).tolist() == [True, True, False]
+
+
+class MappedDisk(Disk):
+    """A disk whose circle the boundary curve does not know: sampled through its own arc-length map."""
+
+    _perimeter_circle = None
+
+
+@pytest.mark.parametrize("method", ["uniform", "sobol", "grid"])
+def test_a_piece_known_only_by_its_map_samples_as_the_circle_does(method):
+    box = Box((0.0, 0.0), (1.0, 1.0))
+    known, mapped = box - Disk((0.5, 0.5), 0.2), box - MappedDisk((0.5, 0.5), 0.2)
+    a, b = known.boundary_sample(512, method, seed=0), mapped.boundary_sample(512, method, seed=0)
+    torch.testing.assert_close(a.points, b.points, rtol=0, atol=1e-15)
+    torch.testing.assert_close(a.normals, b.normals, rtol=0, atol=1e-15)
+    on_hole = ((b.points - 0.5).norm(dim=1) - 0.2).abs() < 1e-12
+    assert 0 < int(on_hole.sum()) < 512
+    torch.testing.assert_close(b.normals[on_hole], -(b.points[on_hole] - 0.5) / 0.2)
