@@ -19,10 +19,16 @@ So this callback writes, for each headline tag (:data:`HEADLINE_TAGS`: ``Objecti
 each of :data:`GRID_POINTS` steps spaced evenly in log(step) from step 1 to the fit's last step
 (:func:`log_spaced_steps`; for a fit of unknown length 1, 2, 5, 10, 20, ..., :func:`decade_grid`),
 and the last value of the run. The first and the last points are written :data:`END_COPIES` times
-(events at the same step with the same value), so that the quantile rule, which drops at most two
-points at each end of a card of up to 41 points, keeps both in view; about ten points a decade keep
-the smoothed line (TensorBoard's default smoothing 0.6 is a moving average over points) within a
-fraction of a decade of the values. For one run in view, the start of every ``Log10`` card is inside
+(events at the same step with the same value). The quantile rule works on the *smoothed* points
+(TensorBoard's default smoothing 0.6: an exponential moving average over the points, the raw line
+drawn lighter behind it), so the copies do two things: the rule drops at most three points at each
+end of a card of up to 61 points (the 35 grid points and 2 x 12 copies), fewer than the copies; and
+k copies of the last value bring the smoothed line to within 0.6^k of the gap between it and that
+value (0.6^9 = 1 % for the 9th copy, the lowest one the rule can keep), so the raw line's end lies
+inside the card's y range too. With 3 copies the smoothed line stopped 22 % of that gap short and the
+raw ends of ``Log10/Objective/train`` and of the validation cards (few points: one a validation) fell
+below the range. About ten points a decade keep the smoothed line within a fraction of a decade of the
+values elsewhere. For one run in view, the start of every ``Log10`` card is inside
 its y range, and the data table reads e.g. -4.21 (= 6.2e-5) where the raw tag's reads 0.
 The group ``Log10`` sorts before ``Objective`` (TensorBoard's natural order, upper case first), so it
 is the first group the Time Series tab opens.
@@ -54,8 +60,9 @@ HEADLINE_TAGS: tuple[str, ...] = (
 GRID_POINTS = 35
 """How many log-spaced grid steps a fit of known length gets (fewer after rounding, for short fits)."""
 
-END_COPIES = 3
-"""How many times the first and the last point are written (one more than the quantile rule drops)."""
+END_COPIES = 12
+"""How many times the first and the last point are written: more than the quantile rule drops at an end
+(at most 3 of up to 61 points), and enough for the smoothed line to reach the last value (0.6^9 = 1 %)."""
 
 
 def log10_tag(name: str) -> str:

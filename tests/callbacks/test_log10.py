@@ -19,7 +19,9 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_constrained.callbacks.log10 import END_COPIES, HEADLINE_TAGS, decade_grid, log_spaced_steps, next_grid_step
+from lit_constrained.callbacks.log10 import (
+    END_COPIES, GRID_POINTS, HEADLINE_TAGS, decade_grid, log_spaced_steps, next_grid_step,
+)
 from lit_constrained.tasks.curve import CurveData, CurveFit
 
 STEPS = 120
@@ -82,21 +84,21 @@ def test_log10_points_are_log10_of_the_raw_tag_at_log_spaced_steps(events: Event
     # the first and the last raw points, each END_COPIES times; in between one point a grid step
     assert steps[:END_COPIES] == [min(raw)] * END_COPIES and steps[-END_COPIES:] == [max(raw)] * END_COPIES
     inner = steps[END_COPIES:-END_COPIES]
-    assert inner == sorted(set(inner)) and len(steps) <= 41
+    assert inner == sorted(set(inner)) and len(steps) <= GRID_POINTS + 2 * END_COPIES
     grid = log_spaced_steps(STEPS - 1)
     for step in inner:  # each is the first raw step at or after a grid step
         after = [g for g in grid if g <= step]
         assert not [s for s in raw if after[-1] <= s < step], (name, step)
 
 
-@pytest.mark.parametrize("name", ["Objective/train", "Violation/train", "Violation/val"])
+@pytest.mark.parametrize("name", ["Objective/train", "Violation/train", "Objective/val", "Violation/val"])
 def test_tensorboard_shows_the_start_and_the_end_by_default(events: EventAccumulator, name: str) -> None:
     values = [e.value for e in events.Scalars(f"Log10/{name}")]
     low, high = tensorboard_y_range(values)
     assert low <= values[0] <= high  # the start, raw and smoothed (equal)
-    # the end: the smoothed line's last point lies within 10 % of the range of it (d3's nice() rounding
-    # of the domain pads more), the raw value within a quarter decade
-    assert values[-1] >= low - 0.25 and tensorboard_smoothed(values)[-1] >= low - 0.1 * (high - low)
+    # the end, raw and smoothed, inside the range up to 2 % of it (d3's nice() rounding of the domain pads
+    # more): the raw line's last point is drawn, not cut off at the card's bottom
+    assert values[-1] >= low - 0.02 * (high - low) and tensorboard_smoothed(values)[-1] >= low - 0.02 * (high - low)
     # while the raw tag at every step loses its start to the outlier rule (why Log10 exists)
     raw = [e.value for e in events.Scalars(name)]
     if name == "Violation/train":
