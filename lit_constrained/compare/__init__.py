@@ -13,7 +13,8 @@ takes a fraction of it, and every output says which::
 Each run is ``configs/<task>/paper/<method>.yaml`` (else ``configs/<task>/<method>.yaml``; the reverse
 with ``--embedded-configs``) with the run's overrides (lr, rho, seed, batch mode, epochs), trained by
 ``lit-constrained fit`` in a worker process. Outputs go to ``--out`` (default ``results/<task>/``):
-the run records ``runs/<run>.json`` (a finished run is skipped; small enough to commit),
+the run records ``runs/<run>.json`` (a finished run is skipped; kept out of the repository, whose
+``docs/compare/<task>/`` holds only the report's tables and one ``runs.csv`` a task),
 ``metrics.csv`` (tidy, per epoch), ``results.json``, ``loss.png``, ``test_error.png``, ``violation.png``,
 ``table.md`` and ``verdict.md``; the run configs (``configs/``), logs (``logs/``) and TensorBoard runs
 ``tensorboard/compare/<task>/<run>`` go to ``--work-dir`` (default: ``--out``).

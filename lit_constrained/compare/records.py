@@ -1,11 +1,11 @@
 """A comparison run's record: the file ``<out>/runs/<run>.json`` and the numbers in it.
 
 The record is the run's proof of completion (the harness skips runs whose record exists with the same
-config fingerprint) and is small enough to commit: the per-epoch history is kept at the validated
+config fingerprint) and is kept small: the per-epoch history is kept at the validated
 epochs (plus the first and last; at most :data:`MAX_RECORDS`), as columns of numbers rounded to 7
 significant digits; the summary (:func:`summarize`) is computed from the full history. Files are
 written atomically with the :mod:`json` module (:func:`write_json`); nothing here imports torch or
-Lightning, so the report can be redrawn from committed records without them.
+Lightning, so the report can be redrawn from the records without them.
 """
 
 from __future__ import annotations

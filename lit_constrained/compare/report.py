@@ -1,7 +1,7 @@
 """The comparison's outputs: a tidy CSV of the per-epoch history, a JSON summary, PNG figures, markdown tables.
 
 Everything is computed from the run records (``runs/<run>.json``), so ``--report-only`` redraws it
-from committed records. Every title states the budget fraction (epochs run / the paper configs' epochs)
+from them. Every title states the budget fraction (epochs run / the paper configs' epochs)
 and the problem size.
 
 * ``metrics.csv``: one row per (run, epoch): task, method, label, rho, lr, mode, seed, run, status,
