@@ -162,7 +162,8 @@ class Geometry(ABC):
     ``_boundary_numpy(n, method, rng)``.
     """
 
-    #: the relative tolerance (of the bounding box's diameter) of ``contains`` and of the boundary tests
+    #: the relative tolerance (of the bounding box's diameter) of ``contains`` and of the boundary test of a
+    #: constructive geometry outside 2D (in 2D: :attr:`BoundaryCurve.EPSILON`)
     TOLERANCE = 1e-9
 
     # ------------------------------------------------------------------ what a subclass gives
@@ -296,8 +297,8 @@ class BoundaryCurve:
     :math:`p - \varepsilon n` and not :math:`p + \varepsilon n` (:math:`\varepsilon` = ``EPSILON`` x the
     diameter), and no earlier piece has p on its boundary with the same normal (a shared edge counts
     once). The test runs on ``RESOLUTION`` + 1 equispaced u of each piece (and its corners); each change
-    is located to machine precision (``STEPS`` cuts of its bracket into ``SECTIONS``). A kept or removed arc shorter than 1/``RESOLUTION`` of its piece's
-    boundary that falls between two nodes is missed.
+    is located to machine precision (``STEPS`` cuts of its bracket into ``SECTIONS``). A kept or removed
+    arc shorter than 1/``RESOLUTION`` of its piece's boundary that falls between two nodes is missed.
     """
 
     RESOLUTION = 4096
@@ -309,19 +310,7 @@ class BoundaryCurve:
     def __init__(self, domain: Geometry, pieces: list[tuple[Geometry, float, float, float]]) -> None:
         self.domain = domain
         self.pieces = pieces  # (leaf, sign, a, b)
-        lengths = np.array([leaf.boundary_measure * (b - a) for leaf, _, a, b in pieces])
-        self.lengths = lengths
-        self.cumulative = np.concatenate([[0.0], np.cumsum(lengths)])
-        self._leaves: list[tuple[Geometry, float]] = []
-        leaf_of_piece = []
-        for leaf, sign, _, _ in pieces:
-            key = next((i for i, (other, other_sign) in enumerate(self._leaves)
-                        if other is leaf and other_sign == sign), None)
-            if key is None:
-                key = len(self._leaves)
-                self._leaves.append((leaf, sign))
-            leaf_of_piece.append(key)
-        self._leaf_of_piece = np.asarray(leaf_of_piece)
+        self.lengths = np.array([leaf.boundary_measure * (b - a) for leaf, _, a, b in pieces])
         self._segments()
 
     def _segments(self) -> None:
@@ -363,7 +352,8 @@ class BoundaryCurve:
 
     @property
     def length(self) -> float:
-        return float(self.cumulative[-1])
+        """The boundary's length: the sum of the kept pieces' lengths."""
+        return float(self.lengths.sum())
 
     @staticmethod
     def _kept(domain: Geometry, leaves: list[tuple[Geometry, float]], us: list[np.ndarray]) -> list[np.ndarray]:
@@ -420,7 +410,7 @@ class BoundaryCurve:
         """The boundary points (and normals) at the arc-length fractions v in [0, 1) of the whole boundary
         (in v's order): on a straight segment its start + arc length x its direction, on an arc of a
         circle :math:`c + r(\\cos\\theta, \\sin\\theta)`, on another curve its leaf's map."""
-        s = v * self.length
+        s = v * self._seg_cumulative[-1]
         which = np.searchsorted(self._seg_cumulative[1:-1], s, side="right")  # the segment of each point
         along = s - self._seg_cumulative[which]
         x0, y0, dx, dy, nx, ny, _, _ = self._seg_columns
