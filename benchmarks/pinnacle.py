@@ -8,6 +8,8 @@ initial weights: their hash is recorded) on the same points (the task's data mod
 * ``adam``: PINNacle's vanilla PINN, ``torch.optim.Adam`` (lr 1e-3), nothing imposed;
 * ``recommended``: ``configs/pinnacle_<problem>/recommended/sqp_adam.yaml``'s optimizer and imposed
   points (SQP-Adam, lr 1e-3, rho full);
+* ``adam_steps``: ``adam`` run for ``--steps`` steps only (the equal-steps comparison without waiting for
+  the recommended run's CPU time);
 * ``sqp<N>`` (the sweep of the imposed points): the recommended optimizer with N / 2 PDE points and
   N / 2 boundary (and initial) points imposed;
 * ``lbfgs``: ``torch.optim.LBFGS`` (lr 1, strong-Wolfe line search, history 50), one iteration a step,
@@ -52,7 +54,7 @@ from harness import quiet  # noqa: E402
 
 PROBLEMS = ("poisson", "burgers", "wave", "heat")
 PINNACLE_NAMES = {"burgers": "Burgers1d-C", "poisson": "Poisson2d-C", "wave": "Wave1d-C", "heat": "Heat2d-MS"}
-VARIANTS = ("recommended", "adam", "lbfgs")
+VARIANTS = ("recommended", "adam", "adam_steps", "lbfgs")
 ORDER = ("n_pde", "n_boundary", "n_initial")
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "pinnacle" / "runs.jsonl"
 
@@ -278,7 +280,7 @@ def report(records: list[dict[str, Any]]) -> str:
                 continue
             s = at_steps(r, steps)
             c = at_cpu(r, budget) if budget is not None else None
-            name = variant if variant in ("adam", "lbfgs") else f"{variant} ({sum(r['imposed'].values())} imposed)"
+            name = variant if variant in ("adam", "adam_steps", "lbfgs") else f"{variant} ({sum(r['imposed'].values())} imposed)"
             equal_time = f"{c[2]:.2e} ({int(c[0])})" if c else "-"
             lines.append(f"| {PINNACLE_NAMES[problem]} | {steps} | {pts} | {name} | {s[2]:.2e} | {s[1]:.0f} | "
                          f"{equal_time} | {r['max_imposed']:.1e} / {r['max_held_out']:.1e} |")
@@ -297,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--every", type=int, default=100, help="record the test error every N steps")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--variant-major", action="store_true",
+                        help="run every problem's first variant before any problem's second (default: problem by problem)")
     parser.add_argument("--report", action="store_true", help="print the table of the records and exit")
     args = parser.parse_args(argv)
     quiet()
@@ -305,30 +309,34 @@ def main(argv: list[str] | None = None) -> int:
         print(report(load(args.out)))
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    for problem in args.problems.split(","):
+    problems, variants = args.problems.split(","), args.variants.split(",")
+    if args.variant_major:  # every problem's first variant, then every problem's second, ...
+        queue = [(problem, variant) for variant in variants for problem in problems]
+    else:
+        queue = [(problem, variant) for problem in problems for variant in variants]
+    for problem, variant in queue:
         points = points_for(problem, args.n_pde, args.n_boundary, args.n_initial)
-        for variant in args.variants.split(","):
-            if variant.startswith("sqp") and imposed_counts(problem, variant) == imposed_counts(problem, "recommended"):
-                print(f"{problem} {variant}: the recommended configuration's points, skipped", flush=True)
-                continue
-            records = load(args.out)
-            done = {run_key(r["problem"], r["variant"], r["steps"], r["points"], r["seed"]) for r in records}
-            if run_key(problem, variant, args.steps, points, args.seed) in done:
-                print(f"{problem} {variant}: recorded already, skipped", flush=True)
-                continue
-            budget = 0.0
-            for r in records:
-                if (r["problem"], r["variant"], r["steps"], r["points"], r["seed"]) == (
-                        problem, "recommended", args.steps, points, args.seed):
-                    budget = r["trajectory"][-1][1]
-            timed_against = variant in ("adam", "lbfgs")
-            record = run_one(problem, variant, args.steps, points, args.seed, args.every,
-                             budget if timed_against else 0.0)
-            with args.out.open("a") as handle:
-                handle.write(json.dumps(record, separators=(",", ":")) + "\n")
-            last = record["trajectory"][-1]
-            print(f"{problem} {variant}: rel. L2 {last[2]:.3e} after {int(last[0])} steps, {last[1]:.0f} CPU s",
-                  flush=True)
+        if variant.startswith("sqp") and imposed_counts(problem, variant) == imposed_counts(problem, "recommended"):
+            print(f"{problem} {variant}: the recommended configuration's points, skipped", flush=True)
+            continue
+        records = load(args.out)
+        done = {run_key(r["problem"], r["variant"], r["steps"], r["points"], r["seed"]) for r in records}
+        if run_key(problem, variant, args.steps, points, args.seed) in done:
+            print(f"{problem} {variant}: recorded already, skipped", flush=True)
+            continue
+        budget = 0.0
+        for r in records:
+            if (r["problem"], r["variant"], r["steps"], r["points"], r["seed"]) == (
+                    problem, "recommended", args.steps, points, args.seed):
+                budget = r["trajectory"][-1][1]
+        timed_against = variant in ("adam", "lbfgs")
+        record = run_one(problem, variant, args.steps, points, args.seed, args.every,
+                         budget if timed_against else 0.0)
+        with args.out.open("a") as handle:
+            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+        last = record["trajectory"][-1]
+        print(f"{problem} {variant}: rel. L2 {last[2]:.3e} after {int(last[0])} steps, {last[1]:.0f} CPU s",
+              flush=True)
     print(report(load(args.out)))
     return 0
 
