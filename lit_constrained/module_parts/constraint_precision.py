@@ -9,8 +9,8 @@ an evaluation noise :math:`\delta = c_{32}(x) - c_{64}(x)` (the same weights x; 
 the noise alone makes a normal step of norm ~1e-2, whose second-order remainder puts ~1e-4 back into c at
 every step: max |c| stalls 20x above the floor, and the post-step corrections (the same noise, the same
 division) cannot go lower. Cutting those directions off (a larger ``rcond``) leaves the real part of c
-there uncorrected instead (measured: stuck at 1.2e-4 with rcond 1e-5). With c and J from a float64
-evaluation the noise is gone: the normal step shrinks to ~1e-6 and max |c| stays at a few 1e-6.
+there uncorrected instead (measured: 1.2e-4 at step 500 with rcond 1e-5). With c and J from a float64
+evaluation the noise is gone: the normal step shrinks to ~1e-7 and max |c| stays at a few 1e-6.
 
 **What.** :class:`PromotedResidual` wraps a per-point residual of a module so that it runs with the
 module's floating parameters and buffers cast to float64 (a differentiable cast: gradients still reach
@@ -22,7 +22,7 @@ stay in float32. The optimizer keeps c in float64 and rounds J to the parameters
 
 **The floors** (:func:`evaluation_floor`, :func:`weight_floor`): the float32 evaluation floor
 max :math:`|c_{32}(x) - c_{64}(x)|` and the weights' resolution, the median of max
-:math:`|c(x') - c(x)|` over x' = every weight moved by one ulp. :func:`feasibility_finding` turns them into
+:math:`|c_{64}(x') - c_{64}(x)|` over x' = every weight moved by one ulp. :func:`feasibility_finding` turns them into
 the end-of-fit warning when max |c| ends above the optimizer's tolerance.
 """
 
@@ -46,8 +46,8 @@ ConstraintDType = Literal["native", "float64"]
 CONSTRAINT_DTYPES: tuple[str, ...] = ("native", "float64")
 
 FLOOR_FACTOR = 3.0
-"""max |c| within this factor of a measured floor counts as at that floor (docs/scale.md: within ~3x of
-the evaluation floor the corrections act on noise)."""
+"""max |c| within this factor of a measured floor counts as at that floor (docs/optim_measurements.md, At scale:
+within ~3x of the evaluation floor the corrections act on noise)."""
 
 WARN_AFTER_STEPS = 50
 """The end-of-fit finding is also warned (``RuntimeWarning``) from this many steps on; a shorter fit (a
@@ -159,16 +159,18 @@ def evaluation_floor(module: Any, batch: Any) -> float:
     return float((c - c64).abs().max()) if c.numel() else 0.0
 
 
-def weight_floor(module: Any, batch: Any, draws: int = 5, seed: int = 0) -> float:
+def weight_floor(module: Any, batch: Any, draws: int = 5, seed: int = 0,
+                 dtype: torch.dtype | None = torch.float64) -> float:
     """The median over ``draws`` of max |c(x') - c(x)|, x' = every floating parameter moved by one ulp in
     a random direction: how finely the weights' dtype resolves c (no step can land between those
-    weights). The parameters are restored exactly."""
+    weights). c is evaluated in ``dtype`` (float64: the weights' rounding alone, without the evaluation's
+    own noise; None: as the task evaluates it). The parameters are restored exactly."""
     params = [p for p in module.parameters() if p.is_floating_point()]
     saved = [p.detach().clone() for p in params]
     generator = torch.Generator().manual_seed(seed)
     changes = []
     try:
-        c0 = constraints_at(module, batch)
+        c0 = constraints_at(module, batch, dtype)
         with torch.no_grad():
             for _ in range(draws):
                 for p, x in zip(params, saved):
@@ -176,7 +178,7 @@ def weight_floor(module: Any, batch: Any, draws: int = 5, seed: int = 0) -> floa
                     sign = torch.randint(0, 2, real.shape, generator=generator).to(real.dtype) * 2 - 1
                     moved = torch.nextafter(real, real + sign.to(real.device))
                     p.copy_(torch.view_as_complex(moved) if x.is_complex() else moved)
-                changes.append(float((constraints_at(module, batch) - c0).abs().max()))
+                changes.append(float((constraints_at(module, batch, dtype) - c0).abs().max()))
     finally:
         with torch.no_grad():
             for p, x in zip(params, saved):
@@ -210,9 +212,9 @@ def feasibility_finding(module: Any, batch: Any, end: float | None, optimizer: A
         return None
     try:
         floor: float | None = evaluation_floor(module, batch)
+        weights = weight_floor(module, batch)
     except (RuntimeError, TypeError):  # a network that does not run in float64 as a whole (an FNO's FFTs)
-        floor = None
-    weights = weight_floor(module, batch)
+        floor, weights = None, weight_floor(module, batch, dtype=None)
     head = (f"the imposed constraints end at max |c| = {end:.2e}, above the optimizer's tolerance {tol:.2e} "
             f"(constraint_tol x max(max |c_1|, 1))")
     measured = ("the float64 evaluation failed" if floor is None else
