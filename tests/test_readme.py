@@ -191,8 +191,9 @@ def test_the_first_fit_figures_are_the_ones_the_script_checks():
 
 @pytest.mark.slow
 def test_the_readme_figures_hold_for_a_fresh_run(tmp_path):
-    run = subprocess.run([sys.executable, str(ROOT / "scripts/check_readme_figures.py"), "--work-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=1800)
+    # --ddp: the "Scaling out" command too (2 CPU processes, gloo)
+    run = subprocess.run([sys.executable, str(ROOT / "scripts/check_readme_figures.py"), "--work-dir", str(tmp_path),
+                          "--ddp"], capture_output=True, text=True, timeout=5400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 
