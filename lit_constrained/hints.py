@@ -211,6 +211,18 @@ def nothing_to_impose_hint(optimizer: str, task: str) -> str:
     )
 
 
+def no_constraints_given_hint(optimizer: str) -> str:
+    """The warning of a hard-constrained optimizer whose ``step()`` was given nothing to impose (no
+    constraints, no inequalities): e.g. under a plain LightningModule's automatic optimization."""
+    return (
+        f"{optimizer}.step() was given no constraints (constraints=None, jacobian=None): it steps on the "
+        "objective alone, imposing nothing. The constraints and their Jacobian come from the caller: train a "
+        "lit_constrained.ConstrainedModule that defines imposed() or constraints() (a plain LightningModule's "
+        "automatic optimization passes none), or in a loop of your own call step(constraints=c, jacobian=J); "
+        "with nothing to impose, use an unconstrained optimizer such as torch.optim.Adam."
+    )
+
+
 def cli_error_hint(message: str) -> str | None:
     """The fix for a LightningCLI (jsonargparse) error ``message`` that names an argument a class does not
     take ("Option 'num_threads' is not accepted"), or None: for a task (a ConstrainedModule subclass)

@@ -7,6 +7,7 @@ import functools
 import traceback
 import warnings
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -233,7 +234,8 @@ def test_a_constrained_optimizer_is_not_warned_about():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fit(ExpFit(), full_batch(64), max_steps=2)
-    assert not [w for w in caught if "does not impose" in str(w.message)]
+    assert not [w for w in caught if "does not impose" in str(w.message) or "no constraints" in str(w.message)
+                or "declares none" in str(w.message)]
 
 
 class NoConstraints(ConstrainedModule):
@@ -260,6 +262,33 @@ def test_a_constrained_optimizer_with_nothing_to_impose_warns_once_naming_the_fi
     assert len(notes) == 1, notes
     assert notes[0].startswith(f"{name} imposes constraints, and NoConstraints declares none")
     assert "define imposed()" in notes[0] and "constraints()" in notes[0] and "torch.optim.Adam" in notes[0]
+    assert not [w for w in caught if "was given no constraints" in str(w.message)]  # said once, not twice
+
+
+class PlainLightningModule(pl.LightningModule):
+    """Not a ConstrainedModule: Lightning's automatic optimization, SQPAdam as its optimizer (issue 37)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch, batch_index):
+        t, u = batch
+        return (self.net(t) - u).pow(2).mean()
+
+    def configure_optimizers(self):
+        return SQPAdam(self.parameters())
+
+
+def test_sqp_adam_on_a_plain_lightning_module_warns_once_naming_constrained_module():
+    """Before (issue 37): it trained silently, as Adam."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(PlainLightningModule(), full_batch(16), max_steps=3)
+    notes = [str(w.message) for w in caught if "was given no constraints" in str(w.message)]
+    assert len(notes) == 1, notes
+    assert notes[0].startswith("SQPAdam.step() was given no constraints")
+    assert "lit_constrained.ConstrainedModule" in notes[0] and "torch.optim.Adam" in notes[0]
 
 
 def test_an_unconstrained_optimizer_on_a_task_without_constraints_is_not_warned_about():

@@ -135,6 +135,8 @@ def check_training_start(
         rank_zero_warn(not_imposed_hint(type(optimizer).__name__, penalty_weight))
     if not has_constraints and imposes_constraints(optimizer):
         rank_zero_warn(nothing_to_impose_hint(type(optimizer).__name__, type(trainer.lightning_module).__name__))
+        if hasattr(optimizer, "warns_without_constraints"):
+            optimizer.warns_without_constraints = False  # said here, in the task's words: not again at its step
     from torch.utils.data import DataLoader, TensorDataset
 
     loaders = trainer.train_dataloader

@@ -73,6 +73,8 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.optimizer import ParamsT
 
+from lit_constrained.hints import no_constraints_given_hint
+
 from .autocast import outside_autocast
 from .blas_threads import host_blas_threads
 from .checks import check_finite, check_lr, check_positive, check_shared_keys, prepared_constraint_inputs
@@ -142,6 +144,9 @@ class ConstrainedOptimizer(InequalityRows, Optimizer, ABC):
     the merged step, the corrections, diagnostics, state and workspaces."""
 
     requires = frozenset({"constraints", "jacobian"})
+    warns_without_constraints: bool = True
+    """Whether ``step()`` warns (once) when it is given nothing to impose (a plain LightningModule's
+    automatic optimization passes no constraints); ConstrainedModule turns it off after its own warning."""
     shared_keys: tuple[str, ...] = SHARED_KEYS
     """Hyperparameters of the one projection: equal in all param groups."""
 
@@ -360,6 +365,9 @@ class ConstrainedOptimizer(InequalityRows, Optimizer, ABC):
             return loss
         inputs = self._inputs(params, constraints, jacobian, loss)
         self._inequality_inputs(inputs, inequalities, inequality_jacobian)
+        if self.warns_without_constraints and not inputs.m and inputs.inequalities is None:
+            self.warns_without_constraints = False
+            warnings.warn(no_constraints_given_hint(type(self).__name__), stacklevel=2)
         projection = self._prepare(inputs.g, inputs.jacobian, inputs.c, inputs.state)
         projector = self._projector(projection, inputs)  # raises on non-finite inputs: nothing changed yet
         if inputs.warm:  # the tangential moments on the null space of the rows E + the working set
