@@ -5,6 +5,12 @@ input derivatives) and logged under the tags of :mod:`lit_constrained.module_par
 Used by the module's ``validation_step``/``test_step``, by the validation at the initial weights
 (:mod:`~lit_constrained.module_parts.validation_pass`) and by the end-of-fit summary's validation at the
 final weights (:class:`~lit_constrained.callbacks.summary.FitSummary`), so all three see the same values.
+
+The constraints and the residual are evaluated with autocast off, in the parameters' dtype, as the
+training step evaluates them (:func:`~lit_constrained.stepping.constraint_precision`): under ``bf16-mixed``
+Lightning's evaluation context would run the network in bfloat16 (8 significant bits), and max |c| would
+report its rounding (1.6 against 6.9e-5 in float32 at the same weights) instead of the constraints.
+The objective and the metrics keep the run's precision.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from ..imposed import violated_part
 from ..hints import DERIVATIVE_FIX, add_hint, evaluation_hook_hint, is_derivative_without_graph
 from ..metrics.functional import violation_max
 from ..optim.checks import check_constraints, check_objective
-from ..stepping import row_signs
+from ..stepping import constraint_precision, row_signs
 from .step_logging import part_violations
 from .tags import OBJECTIVE, RESIDUAL, VIOLATION, tag
 
@@ -48,17 +54,24 @@ def evaluate(task: Any, batch: Any, stage: str) -> Evaluation:
         # every batch); per-rank constraints at validation are the residual of the val batches
         shared = bool(task.constraints_shared)
         c = None
-        if shared:
-            c = check_constraints(_call_hook(task, "constraints", batch, stage), f"{name}.constraints()", None, False)
-            if c is not None:  # inequality rows count by their violated part, max(g, 0)
-                c = violated_part(c, row_signs(task, c.numel()))
-        r = None
-        if measures_residual(task) or not shared:
-            r = check_constraints(_call_hook(task, "validation_constraints", batch, stage),
-                                  f"{name}.validation_constraints()", None, False)
+        with constraint_precision(_device(task)):  # autocast off: c and r in the parameters' dtype
+            if shared:
+                c = check_constraints(_call_hook(task, "constraints", batch, stage), f"{name}.constraints()", None, False)
+                if c is not None:  # inequality rows count by their violated part, max(g, 0)
+                    c = violated_part(c, row_signs(task, c.numel()))
+            r = None
+            if measures_residual(task) or not shared:
+                r = check_constraints(_call_hook(task, "validation_constraints", batch, stage),
+                                      f"{name}.validation_constraints()", None, False)
         metrics = _call_hook(task, "evaluation_metrics", batch, stage)
     detach = lambda t: None if t is None else t.detach()  # noqa: E731
     return f.detach(), detach(c), detach(r), {k: detach(v) if isinstance(v, Tensor) else v for k, v in metrics.items()}
+
+
+def _device(task: Any) -> torch.device:
+    """Where ``task``'s parameters live (the CPU for a task without any)."""
+    parameter = next(iter(task.parameters()), None) if hasattr(task, "parameters") else None
+    return parameter.device if parameter is not None else torch.device("cpu")
 
 
 def _call_hook(task: Any, hook: str, batch: Any, stage: str) -> Any:

@@ -49,3 +49,30 @@ def test_evaluate_returns_the_tasks_values_detached() -> None:
         assert torch.equal(r, task.net(x).squeeze(-1))
     assert not f.requires_grad and not c.requires_grad and not r.requires_grad
     assert set(metrics) == set(task.evaluation_metrics(batch, "val"))
+
+
+def test_under_bf16_mixed_the_reported_violation_is_the_float32_one(capsys) -> None:
+    """bf16-mixed runs the evaluation under autocast: c must still be evaluated in the parameters' dtype
+    (it reported 5.97e-03 where the constraints are 9.1e-07: the network's bfloat16 rounding)."""
+    import copy
+    import functools
+
+    from lit_constrained.optim import SQPAdam
+    from lit_constrained.tasks.curve import CurveData, target
+    from tests.helpers.lightning import MemoryLogger, quiet_trainer
+
+    torch.manual_seed(0)
+    model = CurveFit(hidden=16, optimizer=functools.partial(SQPAdam, lr=1e-2, rho="full"))
+    logger = MemoryLogger()
+    quiet_trainer(max_steps=10, precision="bf16-mixed", logger=logger, log_every_n_steps=1).fit(
+        model, CurveData(num_samples=8, batch_size=8))
+    # independently: the constraints u(x_a) - sin(2 pi x_a) at the final weights, in float64
+    net64 = copy.deepcopy(model.net).double()
+    with torch.no_grad():
+        x = model.anchor_x.double()
+        c64 = float((net64(x) - target(x)).abs().max())
+    val = logger.series("Violation/val")[-1]  # the last validation: at the final weights (step 10)
+    assert abs(val - c64) <= 1e-6, (val, c64)  # float32's rounding of u ~ 1 (bfloat16's: ~4e-3)
+    summary = capsys.readouterr().out.split("fit summary", 1)[1]
+    end = float(summary.split(" at the end")[0].rsplit("-> ", 1)[1])
+    assert abs(end - c64) <= 1e-6, (end, c64)
