@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Any
 
 import lightning.pytorch as pl
@@ -38,11 +39,12 @@ from torch import Tensor
 from lit_constrained.batch import as_task_sees_it
 from lit_constrained.callbacks.health import RunHealth
 from lit_constrained.imposed import SenseRows, active_rows, violated_part
+from lit_constrained.module_parts.constraint_precision import WARN_AFTER_STEPS, feasibility_finding
 from lit_constrained.module_parts.evaluation import evaluate, measures_residual
 from lit_constrained.module_parts.tags import OBJECTIVE, RESIDUAL, VIOLATION, tag
 from lit_constrained.module_parts.trainer_checks import attached_trainer, imposes_constraints
 from lit_constrained.module_parts.validation_pass import as_loader_list, overrides_hook, validation_batches
-from lit_constrained.stepping import row_signs
+from lit_constrained.stepping import constraint_precision, row_signs
 
 
 def _fmt(value: float | None) -> str:
@@ -214,7 +216,9 @@ class FitSummary(Callback):
         constraints = getattr(pl_module, "constraints", None)
         if constraints is None or self._last_batch is None:
             return None
-        with torch.enable_grad(), pl_module.trainer.precision_plugin.train_step_context():  # as in the step
+        # as in the step: the precision plugin's context (e.g. 64-true's default dtype), autocast off
+        device = next(iter(pl_module.parameters()), torch.empty(0)).device
+        with torch.enable_grad(), pl_module.trainer.precision_plugin.train_step_context(), constraint_precision(device):
             c = constraints(self._last_batch)
         signs = row_signs(pl_module, c.numel()) if isinstance(c, Tensor) else None
         self._g_end = None if signs is None else SenseRows.of(signs).inequalities(c.detach().reshape(-1))
@@ -301,6 +305,7 @@ class FitSummary(Callback):
                 f"(x {_fmt(ratio)}) over {over}"
             )
             lines.extend(self._inequality_line(trainer))
+            lines.extend(self._feasibility_lines(trainer, pl_module, end))
         lines.extend(self._validation_lines(trainer, pl_module, steps))
         ckpt = trainer.checkpoint_callback
         path = (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")) if ckpt else ""
@@ -309,6 +314,21 @@ class FitSummary(Callback):
             lines.append(f"  logs         {log_dir}")
         lines.extend(self._health_lines(trainer, steps))
         print("\n".join(lines), flush=True)
+
+    def _feasibility_lines(self, trainer: pl.Trainer, pl_module: Any, end: float | None) -> list[str]:
+        """A ``warning`` line, also warned, when the imposed max |c| ends above the optimizer's tolerance:
+        the measured float32 floors and the fix (:func:`~lit_constrained.module_parts.constraint_precision.feasibility_finding`)."""
+        if self._last_batch is None or not trainer.optimizers or constraint_role(pl_module) != "imposed":
+            return []
+        try:
+            finding = feasibility_finding(pl_module, self._last_batch, end, trainer.optimizers[0])
+        except Exception as error:  # the summary never fails a finished fit; it says what went wrong
+            return [f"  feasibility  not checked: {type(error).__name__}: {error}"]
+        if finding is None:
+            return []
+        if trainer.global_step >= WARN_AFTER_STEPS:  # (a shorter fit is still restoring c: the line says it)
+            warnings.warn(f"lit-constrained: {finding}", RuntimeWarning, stacklevel=2)
+        return [f"  warning      {finding}"]
 
     def _steps_line(self, steps: int, seconds: float) -> str:
         """``steps N in T s``; after a resume the k steps before the interruption apart from this run's
