@@ -227,3 +227,48 @@ def test_the_violation_monitor_norms_count_the_violated_part() -> None:
     assert logger.series("Violation/train/l1")[0] == pytest.approx(1.3, rel=1e-6)
     assert logger.series("Violation/train/mean")[0] == pytest.approx(1.3 / 7, rel=1e-6)
     assert logger.series("Violation/train/l2")[0] == pytest.approx(0.61**0.5, rel=1e-6)
+
+
+def test_per_rank_constraints_repeat_the_senses_over_the_ranks_union() -> None:
+    """constraints_shared = False on W = 2 ranks: the step imposes the union (2 m rows, rank 0's then rank
+    1's), whose senses are the m senses twice (E = rows 0, 2; I = rows 1, 3); a plain task and injected
+    services, no Trainer."""
+    from lit_constrained.stepping import StepServices, TrainingStepper
+
+    class PlainRows(torch.nn.Module):
+        constraints_shared = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.x = torch.nn.Parameter(torch.tensor([0.5, -0.25], dtype=F64))
+
+        def prepare_batch(self, batch: Any) -> Any:
+            return batch
+
+        def objective(self, batch: Any) -> Tensor:
+            return self.x.pow(2).sum()
+
+        def constraints(self, batch: Any) -> Tensor:  # (x0 = 0, x1 >= 0): r = (0.5, -0.25)
+            return self.x.clone()
+
+        def constraint_jacobian(self, batch: Any, constraints: Tensor, params: Any, rows: Any = None) -> Tensor:
+            return torch.eye(2, dtype=F64)
+
+        def constraint_signs(self, m: int) -> Tensor:
+            return torch.tensor([0, -1], dtype=torch.int8)
+
+    task = PlainRows()
+    optimizer = Recording(task.parameters())
+
+    def all_gather(t: Tensor) -> Tensor:  # two ranks that computed the same rows
+        return torch.stack([t, t])
+
+    services = StepServices(optimizer=optimizer, optimizer_step=optimizer.step, backward=lambda f: f.backward(),
+                            all_gather=all_gather, world_size=2, rank=0)
+    result = TrainingStepper().step(task, None, services)
+    (call,) = optimizer.calls
+    torch.testing.assert_close(call["c"], torch.tensor([0.5, 0.5], dtype=F64))  # the equality row of each rank
+    torch.testing.assert_close(call["g"], torch.tensor([0.25, 0.25], dtype=F64))  # -r of each ">=" row
+    torch.testing.assert_close(call["G"], torch.tensor([[0.0, -1.0], [0.0, -1.0]], dtype=F64))
+    torch.testing.assert_close(call["J"], torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=F64))
+    torch.testing.assert_close(result.constraints, torch.tensor([0.5, 0.25, 0.5, 0.25], dtype=F64))
