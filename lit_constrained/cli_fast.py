@@ -369,6 +369,19 @@ def _parsed_file(path: Path, mtime_ns: int) -> _SourceFile:
         return _EMPTY_FILE
     classes, aliases, constants, names, open_namespace = {}, {}, {}, set(), False
     for node in tree.body:
+        if isinstance(node, (ast.If, ast.Try)):
+            if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test):
+                continue  # the script part (if __name__ == "__main__":) does not run on import
+            # names defined in a branch may exist: all are counted (a name is only ever said to be missing)
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(inner.name)
+                elif isinstance(inner, ast.alias):
+                    open_namespace |= inner.name == "*"
+                    names.add(inner.asname or inner.name.split(".")[0])
+                elif isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
+                    names.add(inner.id)
+            continue
         if isinstance(node, ast.ClassDef):
             classes[node.name] = _signature_of(node)
             names.add(node.name)
@@ -392,8 +405,6 @@ def _parsed_file(path: Path, mtime_ns: int) -> _SourceFile:
                     constants[targets[0].id] = ast.literal_eval(node.value)
                 except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                     pass
-        elif isinstance(node, (ast.If, ast.Try)):
-            open_namespace = True  # names defined conditionally: not listed here
     return _SourceFile(classes, aliases, constants, frozenset(names), open_namespace)
 
 

@@ -365,3 +365,19 @@ def test_a_config_without_data_gets_the_config_fix_from_lightningcli() -> None:
 
     hint = cli_error_hint("the following arguments are required: fit.data")
     assert hint is not None and "--config CONFIG" in hint and "data: class_path" in hint
+
+
+def test_a_class_typo_in_a_task_file_with_a_script_part_gets_the_nearest_class(tmp_path: Path, monkeypatch) -> None:
+    """A task file ending in ``if __name__ == "__main__":`` (not run on import) is still read for its names."""
+    readme_example(tmp_path)
+    with (tmp_path / "exp_fit.py").open("a") as task_file:
+        task_file.write('\n\nif __name__ == "__main__":\n    Helper = None\n')
+    text = (tmp_path / "exp_fit.yaml").read_text()
+    (tmp_path / "typo.yaml").write_text(text.replace("class_path: exp_fit.ExpFit", "class_path: exp_fit.ExpFitt"))
+    (tmp_path / "main_only.yaml").write_text(text.replace("class_path: exp_fit.ExpFit", "class_path: exp_fit.Helper"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(cli_fast.PreflightError, match=r"exp_fit has no 'ExpFitt' \(did you mean exp_fit\.ExpFit\?\)"):
+        cli_fast.preflight("fit", ["--config", "typo.yaml"])
+    with pytest.raises(cli_fast.PreflightError, match="exp_fit has no 'Helper'"):
+        cli_fast.preflight("fit", ["--config", "main_only.yaml"])
+    cli_fast.preflight("fit", ["--config", "exp_fit.yaml"])
