@@ -25,7 +25,7 @@ point (:mod:`lit_constrained.optim.pointwise`), linear in m. This module imports
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -237,6 +237,14 @@ class SenseRows:
     equality_span: tuple[int, int] | None
     inequality_span: tuple[int, int] | None
     all_upper: bool  # every inequality row is "<=" (g = c_I, no sign to apply)
+    _copies: dict = field(default_factory=dict, compare=False, repr=False)  # (name, device, dtype) -> tensor
+
+    def _on(self, name: str, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        """``self.<name>`` on ``like``'s device (and in ``dtype``), copied there once (no copy a step)."""
+        key = (name, like.device, dtype)
+        if key not in self._copies:
+            self._copies[key] = getattr(self, name).to(like.device, dtype)
+        return self._copies[key]
 
     @staticmethod
     def of(signs: Tensor) -> SenseRows:
@@ -257,22 +265,21 @@ class SenseRows:
         """The number of equality rows."""
         return int(self.equality.numel())
 
-    @staticmethod
-    def _rows(t: Tensor, index: Tensor, span: tuple[int, int] | None) -> Tensor:
+    def _rows(self, t: Tensor, name: str, span: tuple[int, int] | None) -> Tensor:
         if span is not None:
             return t.narrow(0, span[0], span[1])
-        return t.index_select(0, index.to(t.device))
+        return t.index_select(0, self._on(name, t))
 
     def equalities(self, c: Tensor) -> Tensor:
         """:math:`c_E` (or :math:`J_E`)."""
-        return self._rows(c, self.equality, self.equality_span)
+        return self._rows(c, "equality", self.equality_span)
 
     def inequalities(self, c: Tensor) -> Tensor:
         """:math:`g = s_I c_I` (or :math:`G = s_I J_I`): the rows that must be <= 0."""
-        g = self._rows(c, self.inequality, self.inequality_span)
+        g = self._rows(c, "inequality", self.inequality_span)
         if self.all_upper:
             return g
-        return g * self.sign.to(g.device, g.dtype).reshape((-1,) + (1,) * (g.dim() - 1))
+        return g * self._on("sign", g, g.dtype).reshape((-1,) + (1,) * (g.dim() - 1))
 
     def split(self, c: Tensor, J: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
         """:math:`(c_E, J_E, g, G)` with :math:`g = s_I c_I`, :math:`G = s_I J_I` (J None: both None)."""

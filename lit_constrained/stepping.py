@@ -242,6 +242,7 @@ class TrainingStepper:
         self.batch_description: str | None = None
         """What the first training batch was (:func:`~lit_constrained.hints.describe_batch`), for messages."""
         self._sense_rows: tuple[Tensor, int, SenseRows] | None = None  # (signs, copies, rows): the last split
+        self._device_signs: tuple[Tensor, Tensor] | None = None  # (the task's signs, their copy on the device)
 
     def step(self, task: ConstrainedTask, batch: Any, services: StepServices) -> StepResult:
         """One training step of ``task`` on ``batch`` (as the data loader gave it)."""
@@ -268,7 +269,7 @@ class TrainingStepper:
         with constraint_precision(services.device):  # c and J in the parameters' dtype, even under AMP
             c = check_constraints(task.constraints(batch), f"{name}.constraints()", self.num_constraints, need_jacobian)
         self.num_constraints = 0 if c is None else c.numel()
-        signs = row_signs(task, self.num_constraints)
+        signs = self._on_device(row_signs(task, self.num_constraints), f)
         if signs is not None and need_jacobian and not getattr(optimizer, "accepts_inequalities", False):
             raise ValueError(
                 f"{name} imposes inequality rows (sense '<=' or '>='), which {type(optimizer).__name__} cannot "
@@ -351,6 +352,16 @@ class TrainingStepper:
         if sense_rows is None:
             return StepResult(loss_mean, c_mean)
         return StepResult(loss_mean, violated_part(c_mean, signs), inequalities=g)
+
+    def _on_device(self, signs: Tensor | None, like: Tensor) -> Tensor | None:
+        """The task's signs on the step's device, copied once while the task returns the same tensor (a
+        host-to-device copy every step would wait for the device)."""
+        if signs is None or signs.device == like.device:
+            return signs
+        cached = self._device_signs
+        if cached is None or cached[0] is not signs:
+            self._device_signs = cached = (signs, signs.to(like.device))
+        return cached[1]
 
     def _rows_of(self, signs: Tensor, rows: int) -> SenseRows:
         """The split of ``rows`` constraint rows by the task's m ``signs`` (``rows`` = W m for the ranks'
