@@ -99,13 +99,13 @@ class FitSummary(Callback):
         self._last_val_step: int | None = None
         self._m_eval: int | None = None  # m seen at evaluation (validate/test without a fit)
         self._imposed_evals: dict[str, _EvalCount] = {}  # constraints() rows on each evaluation's batches
-        self._steps_before = 0  # global_step at this fit's start: > 0 after a resume
+        self._steps_before: int | None = 0  # global_step at this fit's start: > 0 after a resume
 
     # ------------------------------------------------------------------ bookkeeping
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start_time = time.perf_counter()
         self._c_start, self._m, self._last_batch, self._last_val_step = None, None, None, None
-        self._steps_before = 0
+        self._steps_before = None  # until on_train_start (a fit resumed at its end never gets there)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # after the checkpoint's loops are restored: the steps a resumed fit took before its interruption
@@ -286,6 +286,8 @@ class FitSummary(Callback):
             return
         seconds = time.perf_counter() - self._start_time
         steps = trainer.global_step
+        if self._steps_before is None:  # training never started: every step was taken before
+            self._steps_before = int(steps)
         last = getattr(pl_module, "last_step", None)
         lines = ["fit summary", self._steps_line(steps, seconds)]
         if last is not None:
@@ -338,6 +340,9 @@ class FitSummary(Callback):
         per_step = f" ({1e3 * seconds / this_run:.1f} ms a step)" if this_run > 0 else ""
         if not before:
             return f"  steps        {steps} in {seconds:.1f} s{per_step}"
+        if this_run <= 0:
+            return (f"  steps        {steps}: {before} before the resume (from the checkpoint), none in this run "
+                    "(the checkpoint had reached max_steps / max_epochs already)")
         return (f"  steps        {steps}: {before} before the resume (from the checkpoint), "
                 f"{this_run} in this run in {seconds:.1f} s{per_step}")
 
@@ -346,7 +351,7 @@ class FitSummary(Callback):
         first the steps they judge (this run's: RunHealth's references start at the resumed step)."""
         findings = [m for cb in trainer.callbacks if isinstance(cb, RunHealth) for m in cb.findings.values()]
         lines = []
-        if self._steps_before and any(isinstance(cb, RunHealth) for cb in trainer.callbacks):
+        if self._steps_before and steps > self._steps_before and any(isinstance(cb, RunHealth) for cb in trainer.callbacks):
             verdict = f"{len(findings)} finding{'s' if len(findings) != 1 else ''} below" if findings else "no finding"
             lines.append(f"  health       judged on this run's steps {self._steps_before}-{steps}: {verdict}")
         return lines + [f"  warning      {message.removeprefix('lit-constrained: ')}" for message in findings]

@@ -85,3 +85,8 @@ def test_a_resumed_fit_says_the_steps_before_apart_from_this_runs_steps_and_seco
     assert per_step == pytest.approx(1e3 * seconds / 4, abs=1e3 * 0.05 / 4 + 0.05)  # this run's 4 steps, not 7
     assert "at this run's start (step 3) ->" in summary
     assert "\n  health       judged on this run's steps 3-7: no finding\n" in summary
+    _fit_curve(tmp_path, 7, resume=True)  # resumed at its end: no step in this run
+    again = capsys.readouterr().out.split("fit summary", 1)[1]
+    assert ("\n  steps        7: 7 before the resume (from the checkpoint), none in this run (the checkpoint had "
+            "reached max_steps / max_epochs already)\n") in again, again
+    assert "health" not in again
