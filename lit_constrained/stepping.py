@@ -35,13 +35,13 @@ Its step:
 **Inequality rows.** A task whose rows have senses (``Imposed(..., sense="<=" | ">=")``, or its
 ``constraint_signs(m)``: :func:`row_signs`) is evaluated as above (all m rows: c, J, the one all-gather,
 the finiteness flag); the optimizer then gets the equality rows as ``constraints``/``jacobian`` and the
-inequality rows, signed to read :math:`g \le 0` (``">="``: :math:`g = -r`), as
+inequality rows, signed to read :math:`g \\le 0` (``">="``: :math:`g = -r`), as
 ``inequalities``/``inequality_jacobian`` (:class:`~lit_constrained.imposed.SenseRows`); its
 ``constraint_closure`` returns ``(c, g)``. An optimizer that imposes constraints (``"jacobian"`` in its
 ``requires``) but has no ``accepts_inequalities`` is refused at the first step, before any update; an
 unconstrained one (``torch.optim.Adam``) only monitors them. The step's result (and every violation
 figure) holds :math:`v` (:func:`~lit_constrained.imposed.violated_part`): c on the equality rows, the
-violated part :math:`\max(g, 0)` on the inequality rows; ``penalty_weight`` penalizes :math:`v^2`.
+violated part :math:`\\max(g, 0)` on the inequality rows; ``penalty_weight`` penalizes :math:`v^2`.
 
 The module logs the result and steps the LR schedulers (see
 :class:`~lit_constrained.module.ConstrainedModule`).

@@ -7,7 +7,7 @@ the optimizer's diagnostics under ``optim/<name>`` once they vary (:class:`Diagn
 the initial weights. Only logging steps read a tensor's value on the host (one sync for all).
 
 With inequality rows the step's ``constraints`` are already :math:`v` (c on the equality rows,
-:math:`\max(g, 0)` on the inequality rows: :func:`lit_constrained.imposed.violated_part`), so every
+:math:`\\max(g, 0)` on the inequality rows: :func:`lit_constrained.imposed.violated_part`), so every
 ``Violation/*`` here counts only the violated part of an inequality row; the optimizer's ``active`` and
 ``dual_max`` diagnostics are charted as ``optim/active`` and ``optim/dual_max`` like any other.
 """

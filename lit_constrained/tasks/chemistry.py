@@ -28,9 +28,9 @@ operations (``mlp_taylor(..., transformable=True)``), which run inside ``torch.f
 modes take the engine's chunked-autograd path.
 
 Optional non-negativity (``nonnegative=True``): every concentration is also imposed non-negative at the
-same m rows, :math:`u_\theta(x_j) \ge 0` (the ``"nonnegative"`` part, ``Imposed(..., sense=">=")``: 4 m
+same m rows, :math:`u_\\theta(x_j) \\ge 0` (the ``"nonnegative"`` part, ``Imposed(..., sense=">=")``: 4 m
 inequality rows next to the m mass-balance rows; ``Violation/nonnegative/<stage>`` is
-:math:`\max_j \max(-u_\theta(x_j), 0)`). It needs an optimizer that takes inequality rows (SQPAdam,
+:math:`\\max_j \\max(-u_\\theta(x_j), 0)`). It needs an optimizer that takes inequality rows (SQPAdam,
 SQPHeavyBall) or one that only monitors them (Adam).
 
 Optional fixed affine normalization (``normalize=True``, off in the faithful reproduction):
