@@ -37,8 +37,8 @@ def test_a_diverging_run_warns_once_in_the_log_and_the_summary(capsys: pytest.Ca
     torch.manual_seed(0)
     found = _fit(CurveFit(hidden=8, optimizer=functools.partial(SQPAdam, lr=1e6)), steps=30)
     assert len(found) == 1 and "the run is diverging" in found[0] and "Try a smaller lr (now 1e+06" in found[0]
-    (line,) = _summary_warnings(capsys.readouterr().out)
-    assert "the run is diverging" in line
+    # once among the summary's warnings (the feasibility line of the end max |c| may be there too)
+    assert len([line for line in _summary_warnings(capsys.readouterr().out) if "the run is diverging" in line]) == 1
 
 
 class ConstantConstraints(CurveFit):
@@ -54,8 +54,8 @@ def test_infeasible_constraints_warn_once_in_the_log_and_the_summary(capsys: pyt
     found = _fit(ConstantConstraints(hidden=8, optimizer=functools.partial(SQPAdam, lr=1e-2)), steps=40)
     assert len(found) == 1 and "the constraints look infeasible" in found[0]
     assert "rank of J 0 < m = 3" in found[0] and "is 100% of ||c||" in found[0]
-    (line,) = _summary_warnings(capsys.readouterr().out)
-    assert "the constraints look infeasible" in line
+    found = [line for line in _summary_warnings(capsys.readouterr().out) if "the constraints look infeasible" in line]
+    assert len(found) == 1
 
 
 def test_a_healthy_run_warns_nothing(capsys: pytest.CaptureFixture) -> None:
