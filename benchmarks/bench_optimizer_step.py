@@ -38,7 +38,6 @@ import torch
 from torch import nn
 
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall
-from lit_constrained.optim.native import available as native_available, native
 from lit_constrained.optim.nullspace import gram_partials_shape, scaled_gram
 from harness import interleaved_medians  # benchmarks/harness.py (scripts run from benchmarks/)
 from machine import cpu_model  # benchmarks/machine.py
@@ -48,8 +47,6 @@ SIZES: dict[str, list[int]] = {
     "1e6": [64, 768, 768, 512, 1],  # 1,034,753 parameters
 }
 NAMES = ["Adam(foreach)", "SQPAdam", "SQPHeavyBall", "AdamCon"]
-NATIVE = " native"
-"""The suffix of a runner with the native kernels (``--native``: :mod:`lit_constrained.optim.native`)."""
 FLOORS = ["3-read bound", "3 J reads"]
 TRAINED_GRAM_CONDITION = 3.3e4
 
@@ -95,9 +92,8 @@ def adam_runner(params: list[nn.Parameter]) -> Callable[[int], None]:
     return run
 
 
-def bound_runner(widths: list[int], m: int, kind: str, native_kernels: bool = False) -> Callable[[int], None]:
-    """SQP-Adam's 3-read bound: G and J g, J w, a w - J^T z, and an Adam step (module docstring); with
-    ``native_kernels``, G and J g from the native kernel's one pass."""
+def bound_runner(widths: list[int], m: int, kind: str) -> Callable[[int], None]:
+    """SQP-Adam's 3-read bound: G and J g, J w, a w - J^T z, and an Adam step (module docstring)."""
     params, _, J = problem(widths, m, kind)
     adam = adam_runner(params)
     n = J.shape[1]
@@ -107,12 +103,11 @@ def bound_runner(widths: list[int], m: int, kind: str, native_kernels: bool = Fa
     partials = torch.empty(gram_partials_shape((m, n)))
 
     def run(steps: int) -> None:
-        with native(native_kernels):
-            for _ in range(steps):
-                scaled_gram(J, None, partials, v=g)
-                torch.mv(J, w)
-                torch.addmv(w, J.T, z, beta=1e-6, alpha=-1.0, out=out)
-                adam(1)
+        for _ in range(steps):
+            scaled_gram(J, None, partials, v=g)
+            torch.mv(J, w)
+            torch.addmv(w, J.T, z, beta=1e-6, alpha=-1.0, out=out)
+            adam(1)
 
     return run
 
@@ -132,22 +127,19 @@ def reads_runner(widths: list[int], m: int, kind: str) -> Callable[[int], None]:
 
 
 def make_runner(name: str, widths: list[int], m: int, kind: str) -> Callable[[int], None]:
-    native_kernels = name.endswith(NATIVE)
-    base = name[: -len(NATIVE)] if native_kernels else name
-    if base == "3-read bound":
-        return bound_runner(widths, m, kind, native_kernels)
-    if base == "3 J reads":
+    if name == "3-read bound":
+        return bound_runner(widths, m, kind)
+    if name == "3 J reads":
         return reads_runner(widths, m, kind)
     params, c, J = problem(widths, m, kind)
-    if base == "Adam(foreach)":
+    if name == "Adam(foreach)":
         return adam_runner(params)
     # a tiny lr keeps the weights (and so the work) essentially fixed over the repeats
-    opt = {"SQPAdam": SQPAdam, "SQPHeavyBall": SQPHeavyBall, "AdamCon": AdamCon}[base](params, lr=1e-6)
+    opt = {"SQPAdam": SQPAdam, "SQPHeavyBall": SQPHeavyBall, "AdamCon": AdamCon}[name](params, lr=1e-6)
 
     def run_constrained(steps: int) -> None:
-        with native(native_kernels):
-            for _ in range(steps):
-                opt.step(constraints=c, jacobian=J)
+        for _ in range(steps):
+            opt.step(constraints=c, jacobian=J)
 
     run_constrained.optimizer = opt  # type: ignore[attr-defined]
     return run_constrained
@@ -168,20 +160,12 @@ def main() -> None:
     parser.add_argument("--jacobians", default="cond:10,cond:1e3",
                         help="comma-separated kinds: random, trained, cond:<cond(J)>")
     parser.add_argument("--optimizers", default=",".join(NAMES), help=f"a subset of {','.join(NAMES)}")
-    parser.add_argument("--native", action="store_true",
-                        help="also time SQP-Adam and its bound with the native kernels (opt-in in the package)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = [name.strip() for name in args.optimizers.split(",")]
     if "Adam(foreach)" not in names or "SQPAdam" not in names:
         parser.error("--optimizers must include Adam(foreach) and SQPAdam (the ratios' references).")
     floors = list(FLOORS)
-    if args.native:
-        with native():
-            if not native_available():
-                parser.error("--native: the native kernels did not compile on this machine (see the warning).")
-        names.append("SQPAdam" + NATIVE)
-        floors.append("3-read bound" + NATIVE)
     print(f"CPU: {cpu_model()}; torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"{args.repeats} interleaved blocks of {args.block} steps, medians; ratio = time / Adam(foreach)")
     for case in args.cases.split(","):
@@ -197,10 +181,8 @@ def main() -> None:
             k = int(opt.diagnostics["refinements"])
             print(f"n = {n:>9,d}, m = {m:>3d}, J {kind:<8s} (refinements {k}): " + "  ".join(
                 f"{name} {1e3 * med[name]:8.2f} ms ({med[name] / base:5.2f}x)" for name in names))
-            for suffix in ("", NATIVE) if args.native else ("",):
-                step, bound = med["SQPAdam" + suffix], med["3-read bound" + suffix]
-                print(f"    SQPAdam{suffix} / 3-read bound{suffix} {step / bound:5.2f}   (bound {1e3 * bound:.2f} ms = "
-                      f"{bound / base:.2f}x Adam)")
+            step, bound = med["SQPAdam"], med["3-read bound"]
+            print(f"    SQPAdam / 3-read bound {step / bound:5.2f}   (bound {1e3 * bound:.2f} ms = {bound / base:.2f}x Adam)")
             print(f"    3 J reads + Adam {1e3 * med['3 J reads']:.2f} ms = {med['3 J reads'] / base:.2f}x Adam")
             moved = traffic(n, m)
             print("    bytes per step (model): " + "  ".join(

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import host_gram, native
+from . import host_gram
 from .gram_factor import EIGH_MAX_SIZE, GramFactor
 from .hyperparameters import DEFAULT_RCOND
 from .symmetric import mirror_lower_, symmetrize_
@@ -163,12 +163,7 @@ def scaled_gram(J: Tensor, d: Tensor | None, workspace: Tensor | None = None, sc
     are the same products and the same float64 sum as ``gram(J * d)`` (tested equal); the traffic is one
     read of J instead of a read of J, a write of J D and a read of it. J D v is taken from the cached
     chunks too (a product in J's dtype per chunk, the chunks summed in float64): no pass of its own.
-    Without ``d``, J v is :func:`matvec`'s product (a pass of its own).
-
-    Where the native kernels are switched on and take the operands (:mod:`~lit_constrained.optim.native`,
-    opt-in), both come from one pass over J instead."""
-    if native.takes_gram(J, d, v):
-        return native.gram(J, d, v)
+    Without ``d``, J v is :func:`matvec`'s product (a pass of its own)."""
     m, n = J.shape
     chunk = scaled_chunk_columns(m, n, J.dtype)
     if d is not None and scratch is None:
@@ -367,12 +362,9 @@ def matvec(J: Tensor, v: Tensor, scaling: Scaling | None = None) -> Tensor:
 def exact_matvec(J: Tensor, v: Tensor, workspace: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """J v from float64 products and sums (exact to float64 round-off for float32 J and v), converting
     chunks of ``chunk_columns(m)`` columns into ``workspace`` = (float64 (m, chunk), float64 (chunk,)), or
-    for a large m whole rows into the same storage (:func:`_exact_rows`);
-    one pass without a conversion under the native kernels (:mod:`~lit_constrained.optim.native`)."""
+    for a large m whole rows into the same storage (:func:`_exact_rows`)."""
     if J.dtype == torch.float64 and v.dtype == torch.float64:
         return J @ v
-    if native.takes_matvec(J, v):
-        return native.exact_matvec(J, v)
     m, n = J.shape
     if workspace is None:
         chunk = min(n, chunk_columns(m))
@@ -460,12 +452,8 @@ def add_rmatvec_(
     """out += alpha J^T z (alpha D J^T z with ``scaling``), in place (out and J share a dtype; z is cast
     to it). ``split``: J^T z is formed apart from split multipliers (:func:`_rmatvec_into`; in ``scratch``,
     an n-vector in J's dtype allocated when None, or in the scaling's scratch) and added in one rounding,
-    for a float64 z that the product would otherwise lose (a refinement's correction, :func:`refine_`);
-    under the native kernels (:mod:`~lit_constrained.optim.native`) out + J^T z is summed in float64 and
-    rounded once, in one pass."""
+    for a float64 z that the product would otherwise lose (a refinement's correction, :func:`refine_`)."""
     if split:
-        if scaling is None and alpha == 1.0 and native.takes_rmatvec(J, z, out):
-            return native.exact_rmatvec(J, z, out, accumulate=True)
         if scaling is None:
             product = _rmatvec_into(torch.empty_like(out) if scratch is None else scratch, J, z)
             return out.add_(product, alpha=alpha)
@@ -660,10 +648,7 @@ def _rmatvec_into(out: Tensor, J: Tensor, z: Tensor) -> Tensor:
     more pass over J). G^+ amplifies the residual by up to :math:`1/\lambda_{\min}`, so z spans many orders
     and its float32 rounding alone left the refinement at 9e-6-5e-5 relative error at cond(J) = 1e5
     (n = 1e5, m = 10; 5e-6-8e-6 split, about the float32 floor of a step that large). Used with the exact
-    residuals (ill-conditioned J), where that pass is a small part of the cost. Under the native kernels
-    (:mod:`~lit_constrained.optim.native`) J^T z is summed in float64 and rounded once, in one pass."""
-    if native.takes_rmatvec(J, z, out):
-        return native.exact_rmatvec(J, z, out)
+    residuals (ill-conditioned J), where that pass is a small part of the cost."""
     high = z.to(J.dtype)
     torch.mv(J.T, high, out=out)
     if z.dtype != J.dtype:

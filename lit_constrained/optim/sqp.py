@@ -235,8 +235,8 @@ class SQPAdam(MergedStepOptimizer):
 
 
 def projected_gradient_setup(opt: ConstrainedOptimizer, g: Tensor, jacobian: Tensor, c: Tensor) -> Projection:
-    """Factor J J^T and form J g (float32 products are enough: P g is projected again in the step; one
-    pass with the Gram under the native kernel). A NaN/inf in g shows in J g, one in J in the Gram."""
+    """Factor J J^T and form J g (float32 products are enough: P g is projected again in the step). A
+    NaN/inf in g shows in J g, one in J in the Gram."""
     factor, finite, Jg = opt._scaled_factorize(jacobian, None, g)
     return Projection(jacobian, factor, finite & torch.isfinite(Jg).all(), c, gradient_product=Jg)
 
