@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from lit_constrained.imposed import Imposed
 from lit_constrained.metrics.relative_l2 import RelativeL2Error
 from lit_constrained.module import ConstrainedModule
+from lit_constrained.module_parts.trainer_checks import attached_trainer
 from lit_constrained.tasks.burgers_data import (
     NU,
     BurgersData,
@@ -277,7 +278,7 @@ class Burgers(ConstrainedModule):
         condition ``xi``; default: the first validation initial condition of the trainer's
         :class:`BurgersData` (None without one)."""
         if xi is None:
-            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            datamodule = getattr(attached_trainer(self), "datamodule", None)
             arrays = getattr(datamodule, "arrays", None) or {}
             key = next((k for k in ("val_xi", "test_xi") if k in arrays and len(arrays[k]) > 0), None)
             if key is None:

@@ -57,6 +57,7 @@ from torch import Tensor
 from lit_constrained.imposed import Imposed
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
+from lit_constrained.module_parts.trainer_checks import attached_trainer
 from lit_constrained.tasks.chemistry_data import (
     MASS_WEIGHTS,
     RATES,
@@ -277,7 +278,7 @@ class Chemistry(ConstrainedModule):
         """Exact (lines) and predicted (dashed) trajectories of ``n_curves`` held-out initial conditions
         of ``split``; ``arrays`` default to the trainer's :class:`ChemistryData` (None without one)."""
         if arrays is None:
-            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            datamodule = getattr(attached_trainer(self), "datamodule", None)
             if not isinstance(datamodule, ChemistryData) or not datamodule.arrays:
                 return None
             arrays = datamodule.arrays

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from .sampling import EpochShuffleSampler, ResumableLoader
 from ..module import ConstrainedModule
+from ..module_parts.trainer_checks import attached_trainer
 
 
 def target(x: Tensor) -> Tensor:
@@ -82,7 +83,7 @@ class CurveFit(ConstrainedModule):
     @torch.no_grad()
     def prediction_figure(self) -> Any:
         """The exact curve, the network, the noisy training samples and the anchors."""
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        datamodule = getattr(attached_trainer(self), "datamodule", None)
         if not isinstance(datamodule, CurveData):
             return None
         from lit_constrained.callbacks.monitoring import small_figure

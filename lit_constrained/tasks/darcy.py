@@ -47,6 +47,7 @@ from lit_constrained.batch import cast_floats
 from lit_constrained.callbacks.monitoring import small_figure
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
+from lit_constrained.module_parts.trainer_checks import attached_trainer
 from lit_constrained.optim.jacobian import GroupingMode, per_sample_jacobian
 from lit_constrained.tasks.common import DTypeName, torch_dtype
 from lit_constrained.tasks.darcy_data import DarcyData, boundary_mask
@@ -155,7 +156,7 @@ class Darcy(ConstrainedModule):
     # ------------------------------------------------------------------ model
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        datamodule = getattr(attached_trainer(self), "datamodule", None)
         if self.scale_from_data and datamodule is not None and hasattr(datamodule, "u_std"):
             self.output_scale.fill_(float(datamodule.u_std))
 
@@ -239,7 +240,7 @@ class Darcy(ConstrainedModule):
         """nu, true u, predicted u and the error of one sample (a batch of size 1); default: the first
         validation sample of the trainer's :class:`DarcyData` (None without one)."""
         if sample is None:
-            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            datamodule = getattr(attached_trainer(self), "datamodule", None)
             if datamodule is None or not hasattr(datamodule, "example") or not getattr(datamodule, "tensors", None):
                 return None
             split = next((s for s in ("val", "test", "train") if datamodule.tensors[f"{s}_u"].shape[0]), None)

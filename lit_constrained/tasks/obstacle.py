@@ -36,6 +36,7 @@ from torch import Tensor
 from lit_constrained.imposed import Imposed
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
+from lit_constrained.module_parts.trainer_checks import attached_trainer
 from lit_constrained.physics import partial
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
 from lit_constrained.tasks.obstacle_data import (
@@ -125,7 +126,7 @@ class Obstacle(ConstrainedModule):
     @torch.no_grad()
     def prediction_figure(self) -> Any:
         """u, the exact solution and the obstacle (None without an :class:`ObstacleData`)."""
-        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        data = getattr(attached_trainer(self), "datamodule", None)
         if not isinstance(data, ObstacleData) or not data.arrays:
             return None
         from lit_constrained.callbacks.monitoring import small_figure

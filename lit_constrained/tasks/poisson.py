@@ -31,6 +31,7 @@ from lit_constrained.imposed import Imposed
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.module_parts.constraint_precision import ConstraintDType, check_constraint_dtype, promote_parts
+from lit_constrained.module_parts.trainer_checks import attached_trainer
 from lit_constrained.physics import laplacian
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
 from lit_constrained.tasks.poisson_data import PoissonData, poisson_exact, poisson_figure, poisson_forcing
@@ -92,7 +93,7 @@ class Poisson(ConstrainedModule):
     @torch.no_grad()
     def prediction_figure(self) -> Any:
         """The error on the test grid with the imposed points (None without a :class:`PoissonData`)."""
-        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        data = getattr(attached_trainer(self), "datamodule", None)
         if not isinstance(data, PoissonData) or not data.arrays:
             return None
         x_test = torch.as_tensor(data.arrays["x_test"], dtype=self.dtype, device=self.device)

@@ -36,6 +36,7 @@ from torch.func import jvp
 
 from lit_constrained.imposed import Imposed
 from lit_constrained.module import ConstrainedModule
+from lit_constrained.module_parts.trainer_checks import attached_trainer
 from lit_constrained.callbacks.monitoring import small_figure
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
 from lit_constrained.tasks.taylor import mlp_taylor
@@ -154,7 +155,7 @@ class Spring(ConstrainedModule):
         """The exact and predicted u(t) with the data, collocation and constraint points (as the
         paper's Figure 2); ``arrays`` default to the trainer's :class:`SpringData` (None without one)."""
         if arrays is None:
-            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            datamodule = getattr(attached_trainer(self), "datamodule", None)
             if not isinstance(datamodule, SpringData) or not datamodule.arrays:
                 return None
             arrays = datamodule.arrays
