@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from machine import cpu_model  # noqa: E402
 
-from lit_constrained.cli import ConstrainedCLI  # noqa: E402
+from lit_constrained.cli.fit import ConstrainedCLI  # noqa: E402
 
 CONFIG = "configs/poisson/recommended/sqp_adam.yaml"
 

@@ -105,7 +105,7 @@ def readme_ddp_command(readme_text: str) -> list[str]:
 
 def console() -> list[str]:
     script = shutil.which("lit-constrained")
-    return [script] if script else [sys.executable, "-m", "lit_constrained.console"]
+    return [script] if script else [sys.executable, "-m", "lit_constrained.cli"]
 
 
 def fresh_run(work_dir: Path, reuse: bool, command: list[str] = COMMAND) -> str:

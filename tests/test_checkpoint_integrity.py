@@ -119,7 +119,7 @@ def test_a_corrupted_checkpoint_is_refused_by_resume_and_by_load_from_checkpoint
 @pytest.fixture(scope="module")
 def cli_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The last.ckpt of a 3-step ``lit-constrained fit`` of the curve config (SQP-Adam, the CLI's checkpoint)."""
-    from lit_constrained.cli import main
+    from lit_constrained.cli.fit import main
 
     root = tmp_path_factory.mktemp("cli")
     main(["fit", "--config", str(CONFIG), "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
@@ -130,7 +130,7 @@ def cli_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_corrupted_checkpoint_is_refused_by_the_command_line(
     cli_saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lit_constrained.cli import main
+    from lit_constrained.cli.fit import main
 
     corrupted = _copy(cli_saved, tmp_path, "last.ckpt")
     checkpoint = torch.load(cli_saved, weights_only=True)
@@ -278,7 +278,7 @@ def test_the_command_line_refuses_another_tasks_checkpoint_in_one_line(
 ) -> None:
     """A spring config resumed from the curve run's checkpoint: refused before LightningCLI puts the
     checkpoint's class in place of the config's (it trained CurveFit on the spring data: KeyError)."""
-    from lit_constrained.cli import main
+    from lit_constrained.cli.fit import main
 
     monkeypatch.setattr(sys, "argv", ["lit-constrained"])
     with pytest.raises(SystemExit) as raised:
@@ -331,7 +331,7 @@ def test_the_command_lines_ckpt_path_last_gets_the_trusted_class_check(
     cli_saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from lit_constrained.class_spec import UntrustedClassPathError
-    from lit_constrained.cli import main
+    from lit_constrained.cli.fit import main
 
     (tmp_path / "checkpoints").mkdir()
     planted = _plant_untrusted_last(tmp_path / "checkpoints", cli_saved, "h37_cli_last_payload")
@@ -430,7 +430,7 @@ def test_a_read_only_log_directory_is_one_line_first_naming_it(
 def test_the_command_line_ends_a_read_only_run_with_that_line_and_status_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    from lit_constrained.cli import main
+    from lit_constrained.cli.fit import main
 
     monkeypatch.setattr(sys, "argv", ["lit-constrained"])
     monkeypatch.setitem(_MONKEYPATCH, "current", monkeypatch)

@@ -115,7 +115,7 @@ def test_datamodule_hyper_parameters_are_checked_too(saved_checkpoint: dict[str,
 def test_ckpt_path_on_the_command_line_imports_no_plain_string(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, saved_checkpoint: dict[str, Any]
 ) -> None:
-    from lit_constrained.cli import main
+    from lit_constrained.cli.fit import main
 
     marker = _payload(tmp_path, "payload_cli_plain")
     monkeypatch.syspath_prepend(str(tmp_path))

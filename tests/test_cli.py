@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_constrained.cli import main
+from lit_constrained.cli.fit import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,9 +88,9 @@ def test_help_answers_without_importing_torch(argv):
     """``lit-constrained --help`` lists every subcommand, ``lit-constrained compare --help`` gives compare's
     options; neither imports torch or Lightning (the parser is built from light modules only)."""
     code = (
-        "import sys, time; t = time.perf_counter(); from lit_constrained.console import main\n"
+        "import sys, time; t = time.perf_counter(); from lit_constrained.cli.console import main\n"
         f"try: main({argv!r})\nexcept SystemExit as e: assert e.code in (0, None), e.code\n"
-        "heavy = sorted(m for m in ('torch', 'lightning', 'lit_constrained.cli') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('torch', 'lightning', 'lit_constrained.cli.fit') if m in sys.modules)\n"
         "print('imported', heavy or 'nothing heavy', time.perf_counter() - t)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -131,7 +131,7 @@ def test_a_config_naming_another_optimizer_gets_that_class_defaults(tmp_path):
     config = yaml.safe_load((ROOT / "configs/curve/sqp_adam.yaml").read_text())
     config["model"]["init_args"]["optimizer"] = {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.01}}
     (tmp_path / "adam.yaml").write_text(yaml.safe_dump(config))
-    from lit_constrained.cli import ConstrainedCLI
+    from lit_constrained.cli.fit import ConstrainedCLI
 
     cli = ConstrainedCLI(args=["--config", str(tmp_path / "adam.yaml"), "--trainer.logger", "false"], run=False)
     optimizer = cli.model.configure_optimizers()
@@ -145,7 +145,7 @@ def test_a_config_naming_another_optimizer_gets_that_class_defaults(tmp_path):
 @pytest.fixture
 def dispatched(monkeypatch):
     """The layers' entry points replaced by recorders: what the console script hands to each."""
-    import lit_constrained.cli as cli
+    import lit_constrained.cli.fit as cli
     import lit_constrained.compare as compare
 
     calls: list[tuple] = []
@@ -156,7 +156,7 @@ def dispatched(monkeypatch):
 
 
 def test_console_hands_each_subcommand_to_its_layer(dispatched, tmp_path, monkeypatch):
-    from lit_constrained.console import main as console
+    from lit_constrained.cli.console import main as console
 
     monkeypatch.chdir(tmp_path)  # the configs exist (the console checks that before handing them on)
     for name in ("a.yaml", "b.yaml"):
@@ -186,7 +186,7 @@ def test_the_console_script_fits_with_no_warning_of_its_own(tmp_path, monkeypatc
     arguments" warning (nor any warning of the package)."""
     import warnings
 
-    from lit_constrained.console import main as console
+    from lit_constrained.cli.console import main as console
 
     argv = ["fit", "--config", str(ROOT / "configs/curve/sqp_adam.yaml"), "--trainer.max_steps", "2",
             "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
@@ -204,7 +204,7 @@ def test_the_console_script_fits_with_no_warning_of_its_own(tmp_path, monkeypatc
 def test_compare_runs_as_a_subcommand(tmp_path, capsys):
     """``lit-constrained compare ...`` parses compare's arguments in the console and runs the comparison
     (here: the report of a grid with no records yet) with the exit status of ``compare.run``."""
-    from lit_constrained.console import main as console
+    from lit_constrained.cli.console import main as console
 
     with pytest.raises(SystemExit) as exit_info:
         console(["compare", "--task", "spring", "--config-dir", str(ROOT / "configs"), "--report-only",
@@ -218,7 +218,7 @@ def test_a_bare_print_config_before_the_subcommand_takes_no_value():
     """``--print_config`` before the subcommand is ``--print_config=`` (jsonargparse's reading), so the
     next word stays the subcommand; a config named like a subcommand, the subcommand's own arguments and
     anything after ``--`` are left as they are."""
-    from lit_constrained.console import bare_print_config_as_empty, parser
+    from lit_constrained.cli.console import bare_print_config_as_empty, parser
 
     assert bare_print_config_as_empty(["--print_config", "fit", "--print_config"]) == [
         "--print_config=", "fit", "--print_config"]
@@ -230,7 +230,7 @@ def test_a_bare_print_config_before_the_subcommand_takes_no_value():
 
 
 def test_console_errors_name_the_fix(dispatched, capsys):
-    from lit_constrained.console import main as console
+    from lit_constrained.cli.console import main as console
 
     console([])  # no arguments: the help, as --help
     assert "compare" in capsys.readouterr().out
@@ -247,7 +247,7 @@ def test_top_level_config_reaches_lightning(tmp_path, capsys):
     """LightningCLI's own options before the subcommand (a config with a ``fit:`` section) still work."""
     import yaml
 
-    from lit_constrained.console import main as console
+    from lit_constrained.cli.console import main as console
 
     config = yaml.safe_load((ROOT / "configs/curve/sqp_adam.yaml").read_text())
     config["trainer"]["max_epochs"] = 7
@@ -260,9 +260,8 @@ def test_top_level_config_reaches_lightning(tmp_path, capsys):
 
 PACKAGE = ROOT / "lit_constrained"
 
-#: the command-line layer's modules (console.py, cli/, cli_fast.py, cli_parsing.py, compare/)
-COMMAND_LINE = ("lit_constrained.console", "lit_constrained.cli", "lit_constrained.cli_fast",
-                "lit_constrained.cli_parsing", "lit_constrained.compare")
+#: the command-line layer's modules (cli/: console, preflight, fit; compare/)
+COMMAND_LINE = ("lit_constrained.cli", "lit_constrained.compare")
 
 
 def _module_name(path: Path) -> str:
@@ -314,9 +313,9 @@ def test_the_fit_layer_never_imports_compare():
         relative = path.relative_to(PACKAGE).as_posix()
         for line, name in package_imports(path):
             if (name == "lit_constrained.compare" or name.startswith("lit_constrained.compare.")) and not (
-                    relative.startswith("compare/") or relative == "console.py"):
+                    relative.startswith("compare/") or relative == "cli/console.py"):
                 offenders.append(f"{relative}:{line} imports {name}")
-            if name == "lit_constrained.console" and not _is_script(path):
+            if name == "lit_constrained.cli.console" and not _is_script(path):
                 offenders.append(f"{relative}:{line} imports the console")
             if name.endswith(".__main__"):
                 offenders.append(f"{relative}:{line} imports the script {name}")
@@ -343,7 +342,7 @@ def test_the_command_line_layer_has_no_import_circle():
         return None
 
     layer = sorted(m for m in graph if any(m == c or m.startswith(c + ".") for c in COMMAND_LINE))
-    assert "lit_constrained.cli" in layer and "lit_constrained.console" in layer
+    assert "lit_constrained.cli.fit" in layer and "lit_constrained.cli.console" in layer
     circles = [" -> ".join(chain) for m in layer if (chain := reaches(m, m))]
     assert circles == []
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lit_constrained import cli_fast
-from lit_constrained.console import main
+from lit_constrained.cli import preflight
+from lit_constrained.cli.console import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def run_console(args: list[str], cwd: Path) -> dict:
     or Lightning had been imported when it ended."""
     code = textwrap.dedent(f"""
         import json, sys, io, contextlib
-        from lit_constrained.console import main
+        from lit_constrained.cli.console import main
         err, out = io.StringIO(), io.StringIO()
         status = 0
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
@@ -152,7 +152,7 @@ def test_the_shipped_configs_and_valid_options_pass_the_early_checks() -> None:
     assert len(configs) > 20
     for config in configs:
         for subcommand in ("fit", "validate", "test"):
-            cli_fast.preflight(subcommand, ["--config", str(config), "--trainer.max_epochs", "2",
+            preflight.preflight(subcommand, ["--config", str(config), "--trainer.max_epochs", "2",
                                             "--model.init_args.optimizer.init_args.lr", "1e-4", "--ckpt_path", "last",
                                             "--trainer.callbacks+=lit_constrained.callbacks.StepSizeMonitor",
                                             "--seed_everything", "1", "--print_config"])
@@ -166,10 +166,10 @@ def test_the_early_checks_read_the_installed_trainer() -> None:
 
     import lightning.pytorch as pl
 
-    read = cli_fast._trainer_signatures()
+    read = preflight._trainer_signatures()
     assert read is not None, (
         f"lightning {pl.__version__}: class Trainer is no longer in lightning/pytorch/trainer/trainer.py; "
-        "point lit_constrained/cli_fast.py::_trainer_signatures at its new file"
+        "point lit_constrained/preflight.py::_trainer_signatures at its new file"
     )
     for method in ("__init__", "fit", "validate", "test", "predict"):
         installed = set(inspect.signature(getattr(pl.Trainer, method)).parameters) - {"self"}
@@ -211,7 +211,7 @@ def test_the_readmes_lr_override_trains_the_readmes_example(tmp_path: Path) -> N
 def test_an_lr_override_of_the_default_optimizer_reaches_sqp_adam(tmp_path: Path, monkeypatch, option: str) -> None:
     import torch
 
-    from lit_constrained.cli import ConstrainedCLI
+    from lit_constrained.cli.fit import ConstrainedCLI
     from lit_constrained.optim import SQPAdam
 
     readme_example(tmp_path)
@@ -229,7 +229,7 @@ def test_an_lr_override_of_the_default_optimizer_reaches_sqp_adam(tmp_path: Path
 
 
 def test_the_default_optimizer_is_named_only_where_nothing_names_one(tmp_path: Path, monkeypatch) -> None:
-    from lit_constrained.cli_parsing import with_the_default_optimizer as named
+    from lit_constrained.cli.fit.parser import with_the_default_optimizer as named
 
     monkeypatch.chdir(tmp_path)
     readme_example(tmp_path)
@@ -300,8 +300,8 @@ def test_a_mistake_in_the_readmes_config_is_one_line_with_the_fix_before_lightni
 def test_the_same_mistakes_on_the_command_line_are_found_early(tmp_path: Path, monkeypatch, option, expected) -> None:
     readme_example(tmp_path)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(cli_fast.PreflightError) as caught:
-        cli_fast.preflight("fit", ["--config", "exp_fit.yaml", *option])
+    with pytest.raises(preflight.PreflightError) as caught:
+        preflight.preflight("fit", ["--config", "exp_fit.yaml", *option])
     assert expected in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -313,7 +313,7 @@ def test_valid_values_and_other_classes_pass_the_early_checks(tmp_path: Path, mo
                    ["--model.optimizer", "torch.optim.Adam", "--model.optimizer.lr", "0.1"],
                    ["--model.optimizer", "SQPHeavyBall", "--model.optimizer.momentum", "0.5"],
                    ["--model.init_args.max_grad_norm", "null"], ["--model.init_args.on_nonfinite", "skip"]):
-        cli_fast.preflight("fit", ["--config", "exp_fit.yaml", *option])
+        preflight.preflight("fit", ["--config", "exp_fit.yaml", *option])
 
 
 def test_a_class_path_typo_lightningcli_finds_gets_the_nearest_class() -> None:
@@ -355,9 +355,9 @@ def test_a_subcommand_without_a_config_says_config_before_lightning(tmp_path: Pa
 
 def test_a_top_level_config_or_the_classes_as_options_are_something_to_run(tmp_path: Path) -> None:
     (tmp_path / "top.yaml").write_text("fit:\n  trainer: {max_steps: 1}\n")
-    cli_fast.preflight("fit", [], top_level_configs=[str(tmp_path / "top.yaml")])
-    cli_fast.preflight("fit", ["--model", "lit_constrained.tasks.spring.Spring", "--data", "x.Data"])
-    cli_fast.preflight("fit", ["--help"])
+    preflight.preflight("fit", [], top_level_configs=[str(tmp_path / "top.yaml")])
+    preflight.preflight("fit", ["--model", "lit_constrained.tasks.spring.Spring", "--data", "x.Data"])
+    preflight.preflight("fit", ["--help"])
 
 
 def test_a_config_without_data_gets_the_config_fix_from_lightningcli() -> None:
@@ -376,8 +376,8 @@ def test_a_class_typo_in_a_task_file_with_a_script_part_gets_the_nearest_class(t
     (tmp_path / "typo.yaml").write_text(text.replace("class_path: exp_fit.ExpFit", "class_path: exp_fit.ExpFitt"))
     (tmp_path / "main_only.yaml").write_text(text.replace("class_path: exp_fit.ExpFit", "class_path: exp_fit.Helper"))
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(cli_fast.PreflightError, match=r"exp_fit has no 'ExpFitt' \(did you mean exp_fit\.ExpFit\?\)"):
-        cli_fast.preflight("fit", ["--config", "typo.yaml"])
-    with pytest.raises(cli_fast.PreflightError, match="exp_fit has no 'Helper'"):
-        cli_fast.preflight("fit", ["--config", "main_only.yaml"])
-    cli_fast.preflight("fit", ["--config", "exp_fit.yaml"])
+    with pytest.raises(preflight.PreflightError, match=r"exp_fit has no 'ExpFitt' \(did you mean exp_fit\.ExpFit\?\)"):
+        preflight.preflight("fit", ["--config", "typo.yaml"])
+    with pytest.raises(preflight.PreflightError, match="exp_fit has no 'Helper'"):
+        preflight.preflight("fit", ["--config", "main_only.yaml"])
+    preflight.preflight("fit", ["--config", "exp_fit.yaml"])

@@ -1,4 +1,4 @@
-"""The parser of ``lit-constrained`` (lit_constrained/cli_parsing.py): the private hooks of jsonargparse
+"""The parser of ``lit-constrained`` (lit_constrained/cli/fit/parser.py): the private hooks of jsonargparse
 and argparse it overrides still exist and still do their work in the installed versions."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import sys
 import jsonargparse
 import pytest
 
-from lit_constrained.cli_parsing import ConstrainedArgumentParser, PlainHelpFormatter
+from lit_constrained.cli.fit.parser import ConstrainedArgumentParser, PlainHelpFormatter
 
-#: (owner, private method) that cli_parsing.py overrides: no public hook does the same (see the comment
+#: (owner, private method) that cli/fit/parser.py overrides: no public hook does the same (see the comment
 #: beside each override)
 PRIVATE_HOOKS = ((jsonargparse.ArgumentParser, "_parse_common"), (argparse.HelpFormatter, "_split_lines"))
 
@@ -20,7 +20,7 @@ PRIVATE_HOOKS = ((jsonargparse.ArgumentParser, "_parse_common"), (argparse.HelpF
 def test_the_private_hooks_the_parser_relies_on_exist(owner: type, name: str) -> None:
     versions = f"jsonargparse {jsonargparse.__version__}, Python {sys.version.split()[0]}"
     assert callable(getattr(owner, name, None)), (
-        f"{versions}: {owner.__module__}.{owner.__qualname__}.{name} is gone; lit_constrained/cli_parsing.py "
+        f"{versions}: {owner.__module__}.{owner.__qualname__}.{name} is gone; lit_constrained/cli/fit/parser.py "
         "overrides it (dropped init args / help wrapping): move the override to what replaced it"
     )
 
@@ -28,7 +28,7 @@ def test_the_private_hooks_the_parser_relies_on_exist(owner: type, name: str) ->
 def test_parse_args_runs_the_dropped_init_args_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every parse_args of the top parser passes through the overridden ``_parse_common``, before the
     config is returned (and before --print_config would be answered there)."""
-    import lit_constrained.cli_parsing as cli_parsing
+    import lit_constrained.cli.fit.parser as cli_parsing
 
     checked: list[list[str]] = []
     monkeypatch.setattr(cli_parsing, "check_no_dropped_init_args", lambda argv: checked.append(argv) or None)

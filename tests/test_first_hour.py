@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from lit_constrained.cli import main
+from lit_constrained.cli.fit import main
 
 TASK = '''
 import torch

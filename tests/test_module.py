@@ -292,7 +292,7 @@ def test_checkpoint_naming_an_untrusted_module_is_refused_before_import(tmp_path
 
 def test_fit_ckpt_path_with_an_untrusted_class_is_refused_before_import(tmp_path, monkeypatch):
     from lit_constrained.class_spec import UntrustedClassPathError
-    from lit_constrained.cli import main
+    from lit_constrained.cli.fit import main
 
     crafted = _crafted_checkpoint(tmp_path, "h14_crafted_cli_payload")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -30,7 +30,7 @@ def code_blocks(section: str) -> list[tuple[str, str]]:
 
 def console_command() -> list[str]:
     script = shutil.which("lit-constrained")
-    return [script] if script else [sys.executable, "-m", "lit_constrained.console"]
+    return [script] if script else [sys.executable, "-m", "lit_constrained.cli"]
 
 
 def test_readme_new_task_trains_from_its_directory_and_loads_back(tmp_path, monkeypatch):

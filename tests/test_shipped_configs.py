@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_constrained.cli import main
+from lit_constrained.cli.fit import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

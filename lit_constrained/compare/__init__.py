@@ -19,10 +19,10 @@ the run records ``runs/<run>.json`` (a finished run is skipped; kept out of the 
 ``table.md`` and ``verdict.md``; the run configs (``configs/``), logs (``logs/``) and TensorBoard runs
 ``tensorboard/compare/<task>/<run>`` go to ``--work-dir`` (default: ``--out``).
 
-Layers: the ``lit-constrained`` console script (:mod:`lit_constrained.console`) adds ``compare`` as a
+Layers: the ``lit-constrained`` console script (:mod:`lit_constrained.cli.console`) adds ``compare`` as a
 subcommand with :func:`add_arguments` and calls :func:`run`; ``python -m lit_constrained.compare``
 calls :func:`main`. Building the parser imports neither torch nor Lightning (``--help`` is instant);
-each worker trains its run with :func:`lit_constrained.cli.run_fit`. The fit layer never imports this
+each worker trains its run with :func:`lit_constrained.cli.fit.run_fit`. The fit layer never imports this
 package.
 """
 

@@ -1,6 +1,6 @@
 """One comparison run, executed in a worker process: write its config, train it, save its record.
 
-The run is trained by :func:`lit_constrained.cli.run_fit` (what ``lit-constrained fit --config
+The run is trained by :func:`lit_constrained.cli.fit.run_fit` (what ``lit-constrained fit --config
 <run>.yaml`` does) in the calling process; its record ``<out>/runs/<run>.json``
 (:mod:`~lit_constrained.compare.records`) is written when it finishes. The run's config, log and
 TensorBoard events go to a separate work folder. A run that stops on a non-finite objective,
@@ -78,7 +78,7 @@ def execute(spec_data: dict[str, Any], config_dir: str, out_dir: str, threads: i
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     set_threads(threads)
-    from lit_constrained.cli import run_fit  # the fit layer (torch, Lightning, the tasks): only in the worker
+    from lit_constrained.cli.fit import run_fit  # the fit layer (torch, Lightning, the tasks): only in the worker
 
     start = time.perf_counter()
     error: BaseException | None = None

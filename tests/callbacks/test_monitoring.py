@@ -254,7 +254,7 @@ def test_default_run_directory_is_task_and_optimizer(tmp_path: Path) -> None:
 
 
 def test_cli_keeps_a_configured_logger(tmp_path: Path) -> None:
-    from lit_constrained.cli import ConstrainedCLI
+    from lit_constrained.cli.fit import ConstrainedCLI
 
     cli = ConstrainedCLI.__new__(ConstrainedCLI)  # only the logger default is exercised
     cli.model = CurveFit(hidden=4, optimizer=SQPAdam)

@@ -379,9 +379,9 @@ def test_a_worker_trains_its_run_with_run_fit(tmp_path, monkeypatch):
         history_path.parent.mkdir(parents=True, exist_ok=True)
         history_path.write_text(json.dumps({"history": history, "fit_seconds": 0.75}))
 
-    fit_layer = types.ModuleType("lit_constrained.cli")
+    fit_layer = types.ModuleType("lit_constrained.cli.fit")
     fit_layer.run_fit = fake_run_fit
-    monkeypatch.setitem(sys.modules, "lit_constrained.cli", fit_layer)
+    monkeypatch.setitem(sys.modules, "lit_constrained.cli.fit", fit_layer)
     monkeypatch.setattr(worker, "set_threads", lambda threads: None)  # this test process keeps its threads
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     spec = RunSpec("curve", "sqp_adam", "paper", 1.0, 0.01, "default", 0, 1)
@@ -407,7 +407,7 @@ def test_the_command_and_its_report_need_neither_torch_nor_lightning():
         "import sys\n"
         "import lit_constrained.compare, lit_constrained.compare.report, lit_constrained.compare.records\n"
         "lit_constrained.compare.parser().parse_args(['--task', 'spring'])\n"
-        "print(sorted(m for m in ('torch', 'lightning', 'lit_constrained.cli') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'lightning', 'lit_constrained.cli.fit') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -134,7 +134,7 @@ def command(launcher: str, args: list[str]) -> list[str]:
     """``lit-constrained fit <args>`` on 2 processes, by Lightning's launcher or by torchrun."""
     if launcher == "lightning":
         script = shutil.which("lit-constrained")
-        base = [script] if script else [sys.executable, "-m", "lit_constrained.console"]
+        base = [script] if script else [sys.executable, "-m", "lit_constrained.cli"]
         return [*base, "fit", *args, *DDP]
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 
-from lit_constrained import cli_fast
+from lit_constrained.cli import preflight
 from lit_constrained.class_spec import import_class
 from lit_constrained.hints import cli_error_hint
 
@@ -215,7 +215,7 @@ def with_the_default_optimizer(args: Sequence[str], default_class_path: str) -> 
     forms ``--model.optimizer.lr``, ...) when nothing names the optimizer's class: no config (read as
     YAML) gives the model an ``optimizer``, no option gives ``--model[.init_args].optimizer`` or a whole
     ``--model``/``--model.init_args`` mentioning it, and the task's own ``__init__`` (where its source can
-    be read, :mod:`lit_constrained.cli_fast`) has no ``optimizer`` default of its own.
+    be read, :mod:`lit_constrained.cli.preflight`) has no ``optimizer`` default of its own.
 
     Why: :class:`~lit_constrained.module.ConstrainedModule`'s default optimizer is a function (so that a
     config naming another class starts from that class's own defaults), and jsonargparse, given an
@@ -251,15 +251,15 @@ def with_the_default_optimizer(args: Sequence[str], default_class_path: str) -> 
         return args
     try:
         sections = [content.get(subcommand) if subcommand else content
-                    for content in map(cli_fast.read_config, cli_fast.config_paths(top))]
-        sections += [cli_fast.read_config(path) for path in cli_fast.config_paths(own)]
-    except cli_fast.PreflightError:
+                    for content in map(preflight.read_config, preflight.config_paths(top))]
+        sections += [preflight.read_config(path) for path in preflight.config_paths(own)]
+    except preflight.PreflightError:
         return args
     models = [section.get("model") for section in sections if isinstance(section, dict) and section.get("model")]
     if any(_names_optimizer(model) for model in models):
         return args
-    model_class = cli_fast.class_path_of_spec(models[-1]) if models else None
-    if model_class is not None and "optimizer" in cli_fast.own_arguments(model_class):
+    model_class = preflight.class_path_of_spec(models[-1]) if models else None
+    if model_class is not None and "optimizer" in preflight.own_arguments(model_class):
         return args  # the task's __init__ has an optimizer default of its own
     offset = (split + 1) if split is not None else 0
     return [*args[:offset + first], f"--model.init_args.optimizer={default_class_path}", *args[offset + first:]]

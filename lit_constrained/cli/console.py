@@ -1,20 +1,19 @@
 """The ``lit-constrained`` console script: one argparse parser whose subcommands dispatch to the layers.
 
-* ``fit``: :func:`lit_constrained.cli.run_fit`; ``validate``, ``test``, ``predict``:
-  :func:`lit_constrained.cli.main`. Everything after these subcommands is handed to LightningCLI
+* ``fit``: :func:`lit_constrained.cli.fit.run_fit`; ``validate``, ``test``, ``predict``:
+  :func:`lit_constrained.cli.fit.main`. Everything after these subcommands is handed to LightningCLI
   unparsed (it has the options: ``lit-constrained fit --help``), and so are LightningCLI's options
   before the subcommand (``-c/--config``, ``--print_config``).
 * ``compare``: :func:`lit_constrained.compare.run` with the arguments of
   :func:`lit_constrained.compare.add_arguments`, parsed here.
 
 Building the parser imports neither torch nor Lightning, so ``lit-constrained``, ``lit-constrained
---help`` and ``lit-constrained compare --help`` answer at once: :mod:`lit_constrained.cli_fast` answers
-``fit --help`` and the errors a config shows without them, and :mod:`lit_constrained.cli` (torch,
-Lightning: seconds) is imported inside :func:`main`, only when a Lightning subcommand runs. That import
-is the command's start-up speed, not a way around a circle: the layers are one-way, console ->
-compare -> cli, and neither imports this module. Nothing imports this module but the console script
-and its ``python -m`` twins (``python -m lit_constrained.console``, ``python -m lit_constrained.cli``:
-:mod:`lit_constrained.cli.__main__`).
+--help`` and ``lit-constrained compare --help`` answer at once: :mod:`lit_constrained.cli.preflight` answers
+the errors a config shows without them, and :mod:`lit_constrained.cli.fit` (torch, Lightning: seconds)
+is imported inside :func:`main`, only when a Lightning subcommand runs. That import is the command's
+start-up speed, not a way around a circle: the layers are one-way, console -> compare -> fit, and
+neither imports this module. Nothing imports this module but the console script and its ``python -m``
+twin (``python -m lit_constrained.cli``: :mod:`lit_constrained.cli.__main__`).
 
 Only argparse's public API is used: the bare ``--print_config`` that takes no value is a rewrite of
 the arguments (:func:`bare_print_config_as_empty`), not an override of argparse's option matching.
@@ -27,7 +26,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from lit_constrained import cli_fast, compare  # neither imports torch nor Lightning
+from lit_constrained import compare  # neither imports torch nor Lightning
+from lit_constrained.cli import preflight
 
 PROG = "lit-constrained"
 DESCRIPTION = "lit-constrained: train networks with hard equality constraints (PyTorch Lightning)."
@@ -129,16 +129,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(compare.run(args))
     rest = list(args.args)
     if args.subcommand == "fit" and ("--help" in rest or "-h" in rest):
-        print(cli_fast.short_fit_help(), end="")  # one page; --help-all has every option
+        print(preflight.short_fit_help(), end="")  # one page; --help-all has every option
         return
-    rest = ["--help" if arg == cli_fast.HELP_ALL else arg for arg in rest]
-    cli_fast.run_preflight(args.subcommand, rest, args.config)  # a missing config, an unknown key: in milliseconds
-    from lit_constrained import cli  # start-up speed: torch and Lightning (seconds), only to run
+    rest = ["--help" if arg == preflight.HELP_ALL else arg for arg in rest]
+    preflight.run_preflight(args.subcommand, rest, args.config)  # a missing config, an unknown key: in milliseconds
+    from lit_constrained.cli import fit  # start-up speed: torch and Lightning (seconds), only to run
 
     if args.subcommand == "fit":
-        cli.run_fit(rest, top_level=lightning_options(args))
+        fit.run_fit(rest, top_level=lightning_options(args))
     else:
-        cli.main([*lightning_options(args), args.subcommand, *rest])
+        fit.main([*lightning_options(args), args.subcommand, *rest])
 
 
 if __name__ == "__main__":

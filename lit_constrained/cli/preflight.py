@@ -23,7 +23,7 @@ seconds: 3-10 s measured on a shared 2-core machine).
   the fix, and no usage dump.
 
 Errors found only once the classes are imported come from LightningCLI;
-:meth:`lit_constrained.cli_parsing.ConstrainedArgumentParser.error` prints them without the usage dump
+:meth:`lit_constrained.cli.fit.parser.ConstrainedArgumentParser.error` prints them without the usage dump
 too, with the same fixes (:func:`lit_constrained.hints.cli_error_hint`). This module imports neither
 torch nor Lightning.
 """
@@ -409,7 +409,7 @@ def _parsed_file(path: Path, mtime_ns: int) -> _SourceFile:
 
 
 def _package_dir() -> Path:
-    return Path(__file__).resolve().parent
+    return Path(__file__).resolve().parents[1]  # lit_constrained/ (this file: lit_constrained/cli/)
 
 
 def _source_files(module: str) -> list[Path]:
