@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optimizers", nargs="*", default=list(OPTIMIZERS), choices=list(OPTIMIZERS))
     parser.add_argument("--corrections", action="store_true", help="pass constraint_closure returning (c, g)")
     parser.add_argument("--json", type=Path, help="write the runs to this file")
+    parser.add_argument("--set", default=None, help='hyperparameters as JSON, replacing SETTINGS (e.g. \'{"lr": 0.01}\')')
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, float64, {args.steps} steps, lr_k = lr (1 - k/steps), "
@@ -188,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for name in args.problems:
         for optimizer in args.optimizers:
-            runs.append(solve(BY_NAME[name], optimizer, args.steps, args.corrections))
+            hyper = {**settings(name, optimizer), **json.loads(args.set)} if args.set else None
+            runs.append(solve(BY_NAME[name], optimizer, args.steps, args.corrections, hyper))
             print(table(runs[-1:]).splitlines()[-1], flush=True)
     print(table(runs))
     for r in runs:

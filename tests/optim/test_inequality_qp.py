@@ -164,6 +164,29 @@ def test_heavyball_steps_match_the_dense_qp_with_some_rows_active(seed):
     assert any(0 < size < 5 for size in sizes), sizes
 
 
+def working_set(opt) -> list[int]:
+    """The working set W the next step projects the moments on (SQPHeavyBall's docstring: the last step's
+    active rows the objective does not pull off their bounds), as the state holds it."""
+    states = list(opt.state_dict()["state"].values())
+    if not states:  # before the first step: no working set
+        return []
+    return [int(i) for i in torch.as_tensor(states[0].get("active_set", [])).tolist()]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_heavyball_steps_match_the_dense_qp_of_the_documented_working_set_target(seed):
+    """The same steps against the QP as SQPHeavyBall's docstring writes it since b17aae8: the target is
+    a P_{E+W} r with W the working set (momentum 0: -a P_{[J; G_W]} g_f). Separates the active-set solve
+    (this test) from the choice of target (the test above: the issue's subproblem, target -a g_f)."""
+    x, opt = heavyball(torch.zeros(8, dtype=F64), lr=0.7)
+    for k in range(3):
+        J, c, G, g, grad = instance(100 * seed + k, shift=-0.3)
+        rows = torch.cat([J, G[working_set(opt)]])
+        target = -0.7 * projected(rows, grad)
+        delta = take_step(x, opt, J, c, G, g, grad)
+        compare(delta, opt, J, c, G, g, target)
+
+
 def test_adam_first_step_matches_the_dense_qp():
     J, c, G, g, grad = instance(11, shift=-0.3)
     x = torch.nn.Parameter(torch.zeros(8, dtype=F64))
