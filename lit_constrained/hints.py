@@ -4,16 +4,21 @@ Each function returns the words that an error or warning adds to what went wrong
 argument or helper fixes it. The Lightning layer (:mod:`lit_constrained.module`,
 :mod:`lit_constrained.stepping`) and the command line attach them to the exception raised in the
 user's code (:func:`add_hint`: the original exception, its type and traceback kept, the hint appended
-as a note), so the message a user reads ends with the fix. Importing this module imports neither torch
-nor Lightning (the command line's early checks use it; :mod:`lit_constrained.optim.checks` takes its
-wording of the derivative fix from here).
+as a note), so the message a user reads ends with the fix.
+
+The bottom of the house: this module imports nothing of the package (and neither torch nor Lightning
+at import; :func:`describe_batch` imports torch when it runs), so every layer may use it, the
+optimizers included (:mod:`lit_constrained.optim.checks` takes its wording of the derivative fix from
+here). The hints that must read the package's classes live with what uses them: an optimizer's
+arguments in :mod:`lit_constrained.module_parts.optimizer_arguments`, the command line's in
+:mod:`lit_constrained.cli.fit.hints`.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 SECOND_BACKWARD = "backward through the graph a second time"
@@ -119,30 +124,6 @@ def init_arguments(cls: type) -> list[str]:
     return names[1:] if names and names[0] in ("params", "parameters") else names
 
 
-def _optimizer_classes() -> Iterable[type]:
-    """The optimizers of lit_constrained.optim, then torch.optim's (those that take a ``params``)."""
-    import torch.optim
-
-    import lit_constrained.optim as package
-
-    for module in (package, torch.optim):
-        for name in sorted(getattr(module, "__all__", dir(module))):
-            value = getattr(module, name, None)
-            if isinstance(value, type) and issubclass(value, torch.optim.Optimizer) and value is not torch.optim.Optimizer:
-                yield value
-
-
-def optimizer_argument_hint(cls: type, argument: str) -> str:
-    """The hint for an optimizer class given an argument it does not take: its arguments, and which
-    optimizers of the package (else of torch.optim) take that argument."""
-    takers = [c for c in _optimizer_classes() if c is not cls and argument in init_arguments(c)]
-    package = [c for c in takers if c.__module__.startswith("lit_constrained")]
-    # the hard-constrained methods first: the user of a ConstrainedModule most likely wants one of them
-    shown = sorted(package, key=lambda c: "constraints" not in getattr(c, "requires", ())) or takers[:4]
-    names = [f"{c.__module__.split('.')[0]}.optim.{c.__name__}" for c in shown]
-    return argument_message(cls.__name__, argument, init_arguments(cls), names)
-
-
 def argument_message(name: str, argument: str, accepted: list[str], takers: list[str]) -> str:
     """"<name> takes no '<argument>' (did you mean '<the nearest accepted>'?); its arguments are ...;
     '<argument>' is an argument of <takers>"."""
@@ -221,68 +202,3 @@ def no_constraints_given_hint(optimizer: str) -> str:
         "automatic optimization passes none), or in a loop of your own call step(constraints=c, jacobian=J); "
         "with nothing to impose, use an unconstrained optimizer such as torch.optim.Adam."
     )
-
-
-def cli_error_hint(message: str) -> str | None:
-    """The fix for a LightningCLI (jsonargparse) error ``message`` that names an argument a class does not
-    take ("Option 'num_threads' is not accepted"), or None: for a task (a ConstrainedModule subclass)
-    given one of ConstrainedModule's arguments, :func:`task_kwargs_hint`; for an optimizer,
-    :func:`optimizer_argument_hint`; for another class, its arguments."""
-    import re
-
-    found = [(cls, arg) for cls, arg in re.findall(r"class_path '([\w.]+)':\s*Option '(\w+)' is not accepted", message)]
-    found += [(cls, arg) for arg, cls in re.findall(
-        r"Option '(\w+)' is not accepted\. Got value: Namespace\(class_path='([\w.]+)'", message)]
-    hints = []
-    for class_path, argument in found:
-        try:
-            from lit_constrained.class_spec import import_class
-
-            cls = import_class(class_path)  # already imported by the parser that reported it
-        except Exception:  # noqa: BLE001  (a hint never hides the error it explains)
-            continue
-        hints.append(_class_argument_hint(cls, argument))
-    hints += _class_path_hints(message)
-    required = re.search(r"the following arguments are required: (.*)", message)
-    if required and re.search(r"\b(model|data)\b", required.group(1)):
-        hints.append("a run needs its task and its data: give a config naming them (model: class_path: ..., "
-                     "data: class_path: ...), --config CONFIG (e.g. configs/spring/recommended/sqp_adam.yaml), "
-                     "or --model and --data")
-    return " ".join(dict.fromkeys(hints)) or None
-
-
-def _class_path_hints(message: str) -> list[str]:
-    """"did you mean" for a class path whose class or module does not exist, as jsonargparse reports
-    them: "module 'torch.optim' has no attribute 'Adm'" (the nearest class of that module, which the
-    parser has imported) and "No module named 'exp_fti'" (the nearest module file in the working
-    directory)."""
-    import difflib
-    import os
-    import re
-
-    hints = []
-    for module_name, name in re.findall(r"module '([\w.]+)' has no attribute '(\w+)'", message):
-        module = sys.modules.get(module_name)
-        classes = [n for n, v in vars(module).items() if isinstance(v, type)] if module is not None else []
-        close = difflib.get_close_matches(name, classes, n=1)
-        if close:
-            hints.append(f"{module_name} has no {name!r}: did you mean {module_name}.{close[0]}?")
-    for module_name in re.findall(r"No module named '(\w+)'", message):
-        beside = [f[:-3] for f in os.listdir(".") if f.endswith(".py")]
-        close = difflib.get_close_matches(module_name, beside, n=1)
-        if close:
-            hints.append(f"there is no module {module_name!r}: did you mean {close[0]} ({close[0]}.py in the "
-                         "working directory)?")
-    return hints
-
-
-def _class_argument_hint(cls: type, argument: str) -> str:
-    import torch
-
-    from lit_constrained.module import ConstrainedModule
-
-    if issubclass(cls, ConstrainedModule) and argument in init_arguments(ConstrainedModule):
-        return task_kwargs_hint(cls, argument)
-    if issubclass(cls, torch.optim.Optimizer):
-        return optimizer_argument_hint(cls, argument)
-    return argument_message(cls.__name__, argument, init_arguments(cls), [])

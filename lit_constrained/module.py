@@ -37,12 +37,13 @@ from torch.optim import Optimizer
 
 from .batch import cast_floats
 from .class_spec import SpecFactory, as_class_spec
-from .hints import add_hint, optimizer_argument_hint, unexpected_keyword
+from .hints import add_hint, unexpected_keyword
 from .imposed import (
     Imposed, PartLayout, check_parts, concatenate_parts, imposed_values, layout_signs, part_layout, sense_signs,
 )
 from .module_parts import checkpoint_trust, schedulers, trainer_checks
 from .module_parts.evaluation import log_evaluation_step, measures_residual
+from .module_parts.optimizer_arguments import optimizer_argument_hint
 from .module_parts.step_logging import DiagnosticCharts, is_logging_step, log_training_step, step_index
 from .module_parts.tags import OBJECTIVE, headline_tags, scalar_layout, tag
 from .module_parts.tensorboard import (

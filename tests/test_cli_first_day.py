@@ -319,7 +319,7 @@ def test_valid_values_and_other_classes_pass_the_early_checks(tmp_path: Path, mo
 def test_a_class_path_typo_lightningcli_finds_gets_the_nearest_class() -> None:
     import torch.optim  # noqa: F401  (the parser has imported the module it reports)
 
-    from lit_constrained.hints import cli_error_hint
+    from lit_constrained.cli.fit.hints import cli_error_hint
 
     message = ("Type typing.Callable[...] expects a function or a callable class: module 'torch.optim' has no "
                "attribute 'Adm'. Got value: Namespace(class_path='torch.optim.Adm')")
@@ -361,7 +361,7 @@ def test_a_top_level_config_or_the_classes_as_options_are_something_to_run(tmp_p
 
 
 def test_a_config_without_data_gets_the_config_fix_from_lightningcli() -> None:
-    from lit_constrained.hints import cli_error_hint
+    from lit_constrained.cli.fit.hints import cli_error_hint
 
     hint = cli_error_hint("the following arguments are required: fit.data")
     assert hint is not None and "--config CONFIG" in hint and "data: class_path" in hint

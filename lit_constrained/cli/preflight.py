@@ -24,7 +24,7 @@ seconds: 3-10 s measured on a shared 2-core machine).
 
 Errors found only once the classes are imported come from LightningCLI;
 :meth:`lit_constrained.cli.fit.parser.ConstrainedArgumentParser.error` prints them without the usage dump
-too, with the same fixes (:func:`lit_constrained.hints.cli_error_hint`). This module imports neither
+too, with the same fixes (:func:`lit_constrained.cli.fit.hints.cli_error_hint`). This module imports neither
 torch nor Lightning.
 """
 

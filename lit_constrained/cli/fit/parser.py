@@ -29,7 +29,7 @@ from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 
 from lit_constrained.cli import preflight
 from lit_constrained.class_spec import import_class
-from lit_constrained.hints import cli_error_hint
+from lit_constrained.cli.fit.hints import cli_error_hint
 
 _ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`]+)`")
 _LITERAL = re.compile(r"``([^`]+)``")
@@ -116,7 +116,7 @@ class ConstrainedArgumentParser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         """jsonargparse's error without its usage dump (tens of lines before the one that matters): the
-        message, the fix where one is known (:func:`lit_constrained.hints.cli_error_hint`: an argument a
+        message, the fix where one is known (:func:`lit_constrained.cli.fit.hints.cli_error_hint`: an argument a
         task or an optimizer does not take) and where the options are listed; exit status 2."""
         if not self.exit_on_error:
             super().error(message, ex)  # raises (jsonargparse's nested parsers catch it)
