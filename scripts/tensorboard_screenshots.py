@@ -2,7 +2,8 @@
 """Screenshots of TensorBoard as a user first sees it: the opening view and the Images tab.
 
 Starts ``tensorboard`` on 127.0.0.1 (a free port) over LOGDIR, waits until all its data are loaded
-(the count of scalar points it serves stops growing), and saves what headless Chromium renders::
+(it serves every scalar tag up to the last step the event files hold, read here first), and saves what
+headless Chromium renders::
 
     python scripts/tensorboard_screenshots.py lightning_logs docs/ --playwright node_modules
         # -> docs/tensorboard_opening.png, docs/tensorboard_images.png, docs/tensorboard_custom_scalars.png
@@ -68,24 +69,38 @@ def _get_json(url: str) -> object:
         return json.loads(response.read())
 
 
-def wait_until_loaded(url: str, timeout_s: float, settle_s: float = 3.0) -> None:
-    """Wait until TensorBoard has read every event: the number of scalar points it serves stops
-    growing for ``settle_s`` (it lists runs as soon as it finds them, before their data are loaded)."""
+def last_steps(logdir: Path) -> dict[tuple[str, str], int]:
+    """(run, tag) -> the last step of every scalar tag in the event files under ``logdir``, read here with
+    TensorBoard's own reader (the runs named as TensorBoard names them: their paths under ``logdir``)."""
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    events = EventMultiplexer(size_guidance={"scalars": 0})
+    events.AddRunsFromDirectory(str(logdir))
+    events.Reload()
+    return {(run, tag): max(e.step for e in events.Scalars(run, tag))
+            for run, kinds in events.Runs().items() for tag in kinds.get("scalars", [])}
+
+
+def wait_until_loaded(url: str, expected: dict[tuple[str, str], int], timeout_s: float) -> None:
+    """Wait until TensorBoard serves every scalar tag of ``expected`` up to its last step. It lists runs as
+    soon as it finds them and loads their events in the background; on a loaded machine the count of
+    points it serves can stand still for seconds mid-load, so a pause is no sign that it is done."""
     deadline = time.monotonic() + timeout_s
-    last, stable_since = -1, time.monotonic()
+    missing = dict(expected)
     while time.monotonic() < deadline:
-        total = 0
-        tags = _get_json(f"{url}/data/plugin/scalars/tags")
-        for run, run_tags in dict(tags).items():
-            for tag in run_tags:
-                query = urllib.parse.urlencode({"run": run, "tag": tag})
-                total += len(_get_json(f"{url}/data/plugin/scalars/scalars?{query}"))
-        if total != last:
-            last, stable_since = total, time.monotonic()
-        elif time.monotonic() - stable_since >= settle_s:
+        for (run, tag), step in list(missing.items()):
+            query = urllib.parse.urlencode({"run": run, "tag": tag})
+            try:
+                points = _get_json(f"{url}/data/plugin/scalars/scalars?{query}")
+            except OSError:  # the tag is not served yet
+                continue
+            if points and max(point[1] for point in points) >= step:
+                del missing[(run, tag)]
+        if not missing:
             return
-        time.sleep(0.5)
-    raise TimeoutError(f"TensorBoard at {url} was still loading after {timeout_s:.0f} s")
+        time.sleep(1.0)
+    raise TimeoutError(f"TensorBoard at {url} had not served {len(missing)} tags to their last step after "
+                       f"{timeout_s:.0f} s (e.g. {next(iter(missing))})")
 
 
 def screenshot(chromium: str, url: str, path: Path, width: int, height: int, budget_ms: int) -> None:
@@ -169,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         runs = wait_for_runs(url, args.timeout_s)
-        wait_until_loaded(url, args.timeout_s)
+        wait_until_loaded(url, last_steps(args.logdir), args.timeout_s)
         print(f"TensorBoard {url}: runs {runs}")
         views = dict(VIEWS, custom_scalars="#custom_scalars") if args.playwright is not None else VIEWS
         for view, fragment in views.items():
