@@ -255,3 +255,33 @@ def test_the_physics_reference_examples_run():
             if f"`{name}" not in text:
                 missing.append(name)
     assert not missing, f"docs/physics.md lacks: {missing}"
+
+
+def test_the_readme_domain_with_a_hole_trains_and_its_normals_point_into_the_hole(tmp_path, monkeypatch):
+    """The README's plate-with-a-hole task: its wall points lie on the square's sides, the hole's packed
+    normals are the circle's normals pointing into the hole (closed form: -(x - center) / r), and a few
+    SQP-Adam steps reduce max |c| of the wall and Neumann rows."""
+    import importlib
+
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    text = (ROOT / "README.md").read_text()
+    code = next(body for lang, body in re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S)
+                if lang == "python" and body.startswith("# plate_with_hole.py"))
+    (tmp_path / "plate_with_hole.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("plate_with_hole")
+    torch.manual_seed(0)
+    task = module.PlateWithHole(optimizer={"class_path": "lit_constrained.optim.SQPAdam", "init_args": {"lr": 1e-2}})
+    wall = task.x_wall.double()
+    assert torch.all(torch.minimum(wall, 1.0 - wall).min(dim=1).values.abs() < 1e-6)
+    x, n = task.hole[:, :2].double(), task.hole[:, 2:].double()
+    center = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    assert torch.allclose((x - center).norm(dim=1), torch.full((x.shape[0],), 0.2, dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(n, -(x - center) / 0.2, atol=1e-6)
+    start = float(task.constraints(None).abs().max())
+    trainer = pl.Trainer(max_steps=5, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(task, DataLoader([0], batch_size=None))
+    assert float(task.constraints(None).abs().max()) < 0.1 * start
