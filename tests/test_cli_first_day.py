@@ -5,6 +5,7 @@ option away, wrapped at spaces only."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -13,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from lit_constrained.cli import help as help_page
 from lit_constrained.cli import preflight
 from lit_constrained.cli.console import main
+from lit_constrained.cli.trainer_arguments import trainer_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,6 +87,7 @@ def user_dir(tmp_path: Path) -> Path:
 
 
 def test_config_errors_are_one_line_before_torch_is_imported(user_dir: Path) -> None:
+    trainer_arguments()  # the Trainer's signature cached (a first use imports the Trainer once)
     cases = {
         ("fit", "--config", "missing.yaml"): "--config missing.yaml: no such file",
         ("fit", "--config", "typo.yaml"): "'max_step' is not a Trainer argument (did you mean max_steps?)",
@@ -105,12 +109,16 @@ def test_config_errors_are_one_line_before_torch_is_imported(user_dir: Path) -> 
 
 
 def test_fit_help_is_one_page_with_the_optimizers_arguments_one_command_away(user_dir: Path) -> None:
+    trainer_arguments()  # cached: the page counts the Trainer's arguments
     result = run_console(["fit", "--help"], user_dir)
     lines = result["stdout"].splitlines()
     assert result["status"] == 0 and len(lines) <= 40 and not result["lightning"]
     text = result["stdout"]
     assert "lit-constrained fit --help-all" in text and "--model.optimizer.help SQPAdam" in text
     assert "--trainer.NAME VALUE" in text and "--ckpt_path PATH" in text
+    assert f"one of its {len(trainer_arguments()['__init__'])}" in text  # generated from the signature
+    for name in ("SQPAdam", "SQPHeavyBall", "AdamCon", "SQPMoMoAdam"):  # from the optimizers' sources
+        assert name in text, name
 
 
 def test_help_all_is_lightnings_complete_help_wrapped_at_spaces(capsys: pytest.CaptureFixture, monkeypatch) -> None:
@@ -158,22 +166,31 @@ def test_the_shipped_configs_and_valid_options_pass_the_early_checks() -> None:
                                             "--seed_everything", "1", "--print_config"])
 
 
-def test_the_early_checks_read_the_installed_trainer() -> None:
-    """The Trainer's argument names that the early checks read from Lightning's source file (its layout,
-    not an API) are those of the installed Trainer; a Lightning that moved the file fails here, instead of
-    the checks going silently unchecked."""
+def test_the_early_checks_read_the_installed_trainers_signature(tmp_path: Path, monkeypatch) -> None:
+    """The Trainer's argument names the early checks use are ``inspect.signature`` of the installed
+    Trainer's methods; read once (the first use imports the Trainer), then from the cache keyed by the
+    installed Lightning, which imports nothing of Lightning."""
     import inspect
 
     import lightning.pytorch as pl
 
-    read = preflight._trainer_signatures()
-    assert read is not None, (
-        f"lightning {pl.__version__}: class Trainer is no longer in lightning/pytorch/trainer/trainer.py; "
-        "point lit_constrained/preflight.py::_trainer_signatures at its new file"
-    )
+    from lit_constrained.cli import trainer_arguments as signature
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert signature.cached_trainer_arguments() is None  # an empty cache
+    read = signature.trainer_arguments()
+    assert signature.cache_file().is_file() and signature.cache_file().is_relative_to(tmp_path)
+    assert signature.cached_trainer_arguments() == read
     for method in ("__init__", "fit", "validate", "test", "predict"):
-        installed = set(inspect.signature(getattr(pl.Trainer, method)).parameters) - {"self"}
-        assert read[method] == installed, method
+        installed = [name for name in inspect.signature(getattr(pl.Trainer, method)).parameters if name != "self"]
+        assert list(read[method]) == installed, method
+    code = ("import sys; from lit_constrained.cli.trainer_arguments import cached_trainer_arguments as c\n"
+            "print(len(c()['__init__']), 'lightning' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert done.stdout.split() == [str(len(read["__init__"])), "False"], done.stderr[-2000:]
+    for example in help_page.TRAINER_EXAMPLES:  # the help page's examples are arguments of this Trainer
+        assert example.split()[0] in read["__init__"], example
 
 
 # --- issue 37: the mistakes a user meets next ---------------------------------------------------------

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lit_constrained import compare  # neither imports torch nor Lightning
+from lit_constrained.cli import help as fit_help
 from lit_constrained.cli import preflight
 
 PROG = "lit-constrained"
@@ -129,9 +130,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(compare.run(args))
     rest = list(args.args)
     if args.subcommand == "fit" and ("--help" in rest or "-h" in rest):
-        print(preflight.short_fit_help(), end="")  # one page; --help-all has every option
+        print(fit_help.short_fit_help(), end="")  # one page; --help-all has every option
         return
-    rest = ["--help" if arg == preflight.HELP_ALL else arg for arg in rest]
+    rest = ["--help" if arg == fit_help.HELP_ALL else arg for arg in rest]
     preflight.run_preflight(args.subcommand, rest, args.config)  # a missing config, an unknown key: in milliseconds
     from lit_constrained.cli import fit  # start-up speed: torch and Lightning (seconds), only to run
 

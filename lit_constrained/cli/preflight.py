@@ -1,9 +1,6 @@
 """What ``lit-constrained`` answers before Lightning is imported (importing torch and Lightning takes
 seconds: 3-10 s measured on a shared 2-core machine).
 
-* :func:`short_fit_help`: ``lit-constrained fit --help``, one page: the options a run uses and the
-  commands that list the rest (``--help-all``: LightningCLI's complete help; a task's and an
-  optimizer's arguments, e.g. ``--model.optimizer.help SQPAdam``).
 * :func:`preflight`: the errors that the command line and its config files can be checked for without
   importing what they name: no ``--config`` at all (and no ``--model``/``--data``); a ``--config`` file
   that is missing, unreadable or not a YAML mapping; a
@@ -41,40 +38,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lit_constrained.cli.trainer_arguments import trainer_arguments
 from lit_constrained.hints import argument_message, task_kwargs_hint
-
-SHORT_FIT_HELP = """\
-usage: lit-constrained fit --config CONFIG [--KEY VALUE ...]
-
-Train a task. A config (YAML) names the task (model: class_path: ...), its data (data: class_path: ...)
-and the Trainer's settings; every key of it can be overridden on the command line.
-
-options:
-  -c, --config CONFIG    a config, e.g. configs/spring/recommended/sqp_adam.yaml (given twice: the later
-                         overrides the earlier)
-  --trainer.NAME VALUE   a Lightning Trainer argument: --trainer.max_epochs 100, --trainer.devices 2,
-                         --trainer.precision bf16-mixed, --trainer.logger false
-  --model.init_args.NAME VALUE
-                         an argument of the task: --model.init_args.num_threads 1,
-                         --model.init_args.max_grad_norm 1.0
-  --model.init_args.optimizer.init_args.NAME VALUE
-                         an argument of its optimizer: --model.init_args.optimizer.init_args.lr 1e-4
-  --data.init_args.NAME VALUE
-                         an argument of the data: --data.init_args.batch_mode minibatch
-  --seed_everything SEED the seed of the run (weights, data order)
-  --ckpt_path PATH       resume from a checkpoint; last: the newest last*.ckpt of the run's checkpoint
-                         directory (an error without one), last-or-fresh: that or a fresh start
-  --print_config         print the resolved config and exit
-
-more help (these import Lightning: seconds):
-  lit-constrained fit --help-all
-      every option (all of the Trainer's arguments)
-  lit-constrained fit --model.help lit_constrained.tasks.spring.Spring
-      the arguments of a task (its own and ConstrainedModule's: optimizer, max_grad_norm, num_threads, ...)
-  lit-constrained fit --config CONFIG --model.optimizer.help SQPAdam
-      the arguments of an optimizer: SQPAdam, SQPHeavyBall, AdamCon, MoMo, MoMoAdam, ConstantStepAdam
-      (lit_constrained.optim), SQPMoMoAdam (lit_constrained.optim.experimental) or torch.optim.Adam, ...
-"""
 
 HELP_ALL = "--help-all"
 
@@ -85,39 +50,16 @@ _OPTIMIZER_OPTION = re.compile(r"^model\.(?:init_args\.)?optimizer(?:\.(.+))?$")
 _FILLED_BY_THE_CLI = frozenset({"self", "model", "train_dataloaders", "val_dataloaders", "dataloaders", "datamodule"})
 
 
-def short_fit_help() -> str:
-    return SHORT_FIT_HELP
-
-
 class PreflightError(ValueError):
     """A command-line or config error found before Lightning is imported (its message is one line)."""
 
 
-@functools.lru_cache(maxsize=1)
 def _trainer_signatures() -> dict[str, frozenset[str]] | None:
-    """The argument names of ``Trainer.__init__`` and of its fit/validate/test/predict, read from
-    Lightning's source without importing it (None when the source cannot be read)."""
-    # Lightning's file layout (lightning/pytorch/trainer/trainer.py, class Trainer), not an API: importing
-    # it would take seconds. If it moves, the Trainer keys go unchecked here (LightningCLI still reports
-    # them, slowly): tests/test_cli_first_day.py::test_the_early_checks_read_the_installed_trainer fails
-    try:
-        spec = importlib.util.find_spec("lightning")
-        if spec is None or spec.origin is None:
-            return None
-        source = Path(spec.origin).parent / "pytorch" / "trainer" / "trainer.py"
-        tree = ast.parse(source.read_text())
-    except (ImportError, OSError, SyntaxError, ValueError):
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == "Trainer":
-            found = {}
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name in ("__init__", "fit", "validate", "test", "predict"):
-                    arguments = item.args
-                    names = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
-                    found[item.name] = frozenset(names - {"self"})
-            return found if "__init__" in found else None
-    return None
+    """The argument names of ``Trainer.__init__`` and of its fit/validate/test/predict, from its signature
+    (:func:`lit_constrained.cli.trainer_arguments.trainer_arguments`: cached per installed Lightning; the
+    first use imports the Trainer); None without Lightning."""
+    arguments = trainer_arguments()
+    return None if arguments is None else {method: frozenset(names) for method, names in arguments.items()}
 
 
 def _nearest(name: str, choices: frozenset[str]) -> str:
@@ -470,6 +412,19 @@ def _requires_constraints(name: str, classes: dict[str, _Signature], seen: froze
 def _constrained_module_context() -> _Context:
     """The package's top-level files (module.py's ConstrainedModule, the aliases it uses)."""
     return _context(sorted(_package_dir().glob("*.py")))
+
+
+def optimizer_names(module: str) -> list[str]:
+    """The optimizers a package module of this package exports (the classes of its ``__all__`` taking an
+    ``lr``), read from its source files."""
+    context = _context(_source_files(module))
+    return [name for name in sorted(_exported(module))
+            if name in context.classes and "lr" in (context.classes[name].names or ())]
+
+
+def constrained_module_arguments() -> tuple[str, ...]:
+    """The arguments of ConstrainedModule's ``__init__`` (read from module.py)."""
+    return _constrained_module_arguments()
 
 
 def _constrained_module_arguments() -> tuple[str, ...]:

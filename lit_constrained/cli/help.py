@@ -1,0 +1,73 @@
+"""``lit-constrained fit --help``: one page, built from a parser of the options a run uses and from the
+signatures (the Trainer's, cached: :mod:`~lit_constrained.cli.trainer_arguments`; ConstrainedModule's
+and the optimizers', read from the package's source: :mod:`~lit_constrained.cli.preflight`). Nothing of
+torch or Lightning is imported; ``--help-all`` is LightningCLI's complete help (seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+from lit_constrained.cli import preflight
+from lit_constrained.cli.trainer_arguments import cached_trainer_arguments
+
+HELP_ALL = preflight.HELP_ALL
+
+#: the Trainer arguments the page shows as examples (each checked against the signature by the tests)
+TRAINER_EXAMPLES = ("max_epochs 100", "devices 2", "precision bf16-mixed", "logger false")
+
+
+def _listed(names: tuple[str, ...] | list[str], shown: int) -> str:
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
+def fit_parser() -> argparse.ArgumentParser:
+    """The options of ``lit-constrained fit`` a run uses, as an argparse parser (for its help only: the
+    options themselves are LightningCLI's)."""
+    trainer = cached_trainer_arguments()
+    counted = f" (one of its {len(trainer['__init__'])})" if trainer is not None else ""
+    module_arguments = [a for a in preflight.constrained_module_arguments() if a not in ("optimizer", "lr_scheduler")]
+    parser = argparse.ArgumentParser(
+        prog="lit-constrained fit", usage="%(prog)s --config CONFIG [--KEY VALUE ...]", add_help=False,
+        description=textwrap.fill("Train a task. A config (YAML) names the task (model: class_path: ...), its "
+                                  "data (data: class_path: ...) and the Trainer's settings; every key of it can "
+                                  "be overridden on the command line.", 100),
+        epilog=more_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("-c", "--config", metavar="CONFIG", help="a config, e.g. configs/spring/recommended/sqp_adam.yaml "
+        "(given twice: the later overrides the earlier)")
+    add("--trainer.NAME", metavar="VALUE", help=f"an argument of Lightning's Trainer{counted}: "
+        + ", ".join(f"--trainer.{example}" for example in TRAINER_EXAMPLES))
+    add("--model.init_args.NAME", metavar="VALUE", help="an argument of the task: its own, and "
+        f"ConstrainedModule's ({_listed(module_arguments, 4)})")
+    add("--model.init_args.optimizer.init_args.NAME", metavar="VALUE",
+        help="an argument of its optimizer: --model.init_args.optimizer.init_args.lr 1e-4")
+    add("--data.init_args.NAME", metavar="VALUE", help="an argument of the data: --data.init_args.batch_mode minibatch")
+    add("--seed_everything", metavar="SEED", help="the seed of the run (weights, data order)")
+    add("--ckpt_path", metavar="PATH", help="resume from a checkpoint; last: the newest last*.ckpt of the run's "
+        "checkpoint directory (an error without one), last-or-fresh: that or a fresh start")
+    add("--print_config", action="store_true", help="print the resolved config and exit")
+    return parser
+
+
+def more_help() -> str:
+    """The commands that list the rest (they import Lightning: seconds)."""
+    optimizers = preflight.optimizer_names("lit_constrained.optim")
+    experimental = preflight.optimizer_names("lit_constrained.optim.experimental")
+    return (
+        "more help (these import Lightning: seconds):\n"
+        f"  lit-constrained fit {HELP_ALL}\n      every option (all of the Trainer's arguments)\n"
+        "  lit-constrained fit --model.help lit_constrained.tasks.spring.Spring\n"
+        "      the arguments of a task (its own and ConstrainedModule's)\n"
+        "  lit-constrained fit --config CONFIG --model.optimizer.help SQPAdam\n"
+        + textwrap.fill(f"the arguments of an optimizer: {', '.join(optimizers)} (lit_constrained.optim), "
+                        f"{', '.join(experimental)} (lit_constrained.optim.experimental) or torch.optim.Adam, ...",
+                        100, initial_indent=" " * 6, subsequent_indent=" " * 6) + "\n"
+    )
+
+
+def short_fit_help() -> str:
+    """The page ``lit-constrained fit --help`` prints."""
+    return fit_parser().format_help()
