@@ -219,11 +219,21 @@ def _constrained_module_context() -> _Context:
 
 
 def optimizer_names(module: str) -> list[str]:
-    """The optimizers a package module of this package exports (the classes of its ``__all__`` taking an
-    ``lr``), read from its source files."""
-    context = _context(_source_files(module))
-    return [name for name in sorted(_exported(module))
-            if name in context.classes and "lr" in (context.classes[name].names or ())]
+    """The optimizers a package module of this package exports: the classes of its ``__all__`` whose
+    ``__init__`` takes an ``lr``, read from the files its ``__init__.py`` imports them from (only those
+    files are parsed: the help page is built from them)."""
+    init = _package_dir().joinpath(*module.split(".")[1:], "__init__.py")
+    try:
+        tree = ast.parse(init.read_text())
+    except (OSError, SyntaxError):
+        return []
+    exported, found = _exported(module), []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            classes = _classes_in(init.parent.joinpath(*node.module.split(".")).with_suffix(".py"))
+            found += [a.name for a in node.names if a.name in exported and a.name in classes
+                      and "lr" in (classes[a.name].names or ())]
+    return sorted(found)
 
 
 def constrained_module_arguments() -> tuple[str, ...]:
