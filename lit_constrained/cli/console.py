@@ -8,8 +8,8 @@
   :func:`lit_constrained.compare.add_arguments`, parsed here.
 
 Building the parser imports neither torch nor Lightning, so ``lit-constrained``, ``lit-constrained
---help`` and ``lit-constrained compare --help`` answer at once: :mod:`lit_constrained.cli.preflight` answers
-the errors a config shows without them, and :mod:`lit_constrained.cli.fit` (torch, Lightning: seconds)
+--help`` and ``lit-constrained compare --help`` answer at once: :mod:`lit_constrained.cli.help` answers
+``fit --help`` and :mod:`lit_constrained.cli.preflight` the errors a config shows without them, and :mod:`lit_constrained.cli.fit` (torch, Lightning: seconds)
 is imported inside :func:`main`, only when a Lightning subcommand runs. That import is the command's
 start-up speed, not a way around a circle: the layers are one-way, console -> compare -> fit, and
 neither imports this module. Nothing imports this module but the console script and its ``python -m``
