@@ -15,7 +15,7 @@ def test_imports_load_no_extra_and_darcy_without_neuraloperator_names_the_extra_
     # one fresh interpreter for both checks (an import costs seconds on a shared machine)
     code = f"""
         import json, sys
-        import lit_constrained, lit_constrained.cli, lit_constrained.tasks, lit_constrained.tasks.darcy
+        import lit_constrained, lit_constrained.cli.fit, lit_constrained.tasks, lit_constrained.tasks.darcy
         import lit_constrained.physics
         loaded = sorted(m for m in {HEAVY!r} if m in sys.modules)
         sys.modules["neuralop"] = None  # as if neuraloperator were not installed
