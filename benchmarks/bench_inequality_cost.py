@@ -2,14 +2,16 @@ r"""Cost of a step with inequality rows against the equality step (issue 36's co
 
 For a float32 parameter set of n parameters (the MLPs of ``bench_optimizer_step.py``: ~1e5 and ~1e6),
 m = 10 equality rows and p inequality rows (p = 10 and 50), fixed random inputs (J, G Gaussian,
-cond ~ 1: no refinement step in any variant; fixed gradients), four SQP-Adam steps are timed in the
+cond ~ 1: no refinement step in any variant; fixed gradients, the same in all variants), four SQP-Adam steps are timed in the
 same process, interleaved (one block of steps each, in turn, repeated; medians):
 
 * ``eq m``: ``step(constraints=c, jacobian=J)``, the equality step with m rows;
 * ``ineq p inactive``: the same plus ``inequalities=g, inequality_jacobian=G`` with every row far
   inside its bound (g = -1e3: none is ever active);
-* ``ineq p active``: the same rows with g = +1 (every row violated and held: the active set is all p
-  rows at every step, checked; each step after the first starts warm from it);
+* ``ineq p active``: the same rows with g = 0 (every row on its bound) and an objective gradient that
+  pushes into every row (:math:`\nabla f = -G^T 1` + 10% noise: positive multipliers, as an obstacle the
+  solution touches): the active set is all p rows at every step (checked), each step after the first
+  starts warm from it;
 * ``eq m+p``: the equality step with the m + p rows [J; G], [c; g] (the same linear algebra size).
 
 Targets: ``ineq p inactive`` <= 1.1x ``eq m``; ``ineq p active`` <= 1.3x ``eq m+p``. The first step of
@@ -43,7 +45,7 @@ from machine import cpu_model  # noqa: E402
 
 M = 10
 INACTIVE_VALUE = -1e3
-ACTIVE_VALUE = 1.0
+ACTIVE_VALUE = 0.0
 TARGET_INACTIVE = 1.1
 TARGET_ACTIVE = 1.3
 OPTIMIZERS = {"SQPAdam": SQPAdam, "SQPHeavyBall": SQPHeavyBall}
@@ -87,7 +89,10 @@ def case(size: str, p: int, repeats: int, block: int, opt_name: str, lr: float) 
     J = torch.randn(M, n, generator=gen) / n**0.5
     G = torch.randn(p, n, generator=gen) / n**0.5
     c = torch.randn(M, generator=gen) * 1e-3
-    grads = [torch.randn(q.shape, generator=gen) for q in params]
+    # the objective pushes into every inequality row (grad f = -G^T 1 + noise): held rows have positive
+    # multipliers, as an obstacle the solution touches; the same gradients in all four variants
+    flat = -(G.T @ torch.ones(p)) + 0.1 * torch.randn(n, generator=gen) / n**0.5
+    grads = [chunk.reshape(q.shape).clone() for chunk, q in zip(flat.split([q.numel() for q in params]), params)]
     kinds = ["eq m", f"ineq {p} inactive", f"ineq {p} active", "eq m+p"]
     runners, actives, first = {}, {}, {}
     for kind in kinds:

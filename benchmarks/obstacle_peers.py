@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--report-every", type=int, default=100, help="progress line and JSON every k steps")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
@@ -252,14 +253,25 @@ def main(argv: list[str] | None = None) -> int:
         methods += [cooper_method(fresh(), data, args.steps, False, lr) for lr in COOPER_DUAL_LRS]
         methods += [cooper_method(fresh(), data, args.steps, True, rho) for rho in COOPER_PENALTIES]
     methods += [penalty_pinn(fresh(), data, args.steps, w) for w in PENALTY_WEIGHTS]
-    for _ in range(args.steps):
+    cooper_version = importlib.metadata.version("cooper-optim") if has_cooper else None
+
+    def write(rows: list[dict[str, Any]], done: int) -> None:
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
+                                             "cooper": cooper_version, "steps": done, "of_steps": args.steps,
+                                             "seed": args.seed, "initial_violation": v0, "runs": rows}, indent=1) + "\n")
+
+    for k in range(1, args.steps + 1):
         for method in methods:
             start = time.perf_counter()
             method.step()
             method.seconds.append(time.perf_counter() - start)
             method.violations.append(violation(method.task, data))
+        if args.report_every and k % args.report_every == 0 and k < args.steps:
+            write([summary(method, v0, data, spacing, a) for method in methods], k)
+            print(f"step {k}: " + ", ".join(f"{m.name} V {m.violations[-1]:.1e}" for m in methods), flush=True)
     rows = [summary(method, v0, data, spacing, a) for method in methods]
-    cooper_version = importlib.metadata.version("cooper-optim") if has_cooper else None
     print(f"CPU: {cpu_model()} ({args.threads} thread(s)); torch {torch.__version__}; cooper "
           f"{cooper_version or 'not installed (pip install cooper-optim)'}; float64, {args.steps} steps, seed "
           f"{args.seed}; V_0 = {v0:.3e}, target V <= {THRESHOLD:g} V_0 = {THRESHOLD * v0:.2e}")
@@ -275,11 +287,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['end_violation']:9.2e} {r['rel_l2']:9.2e} {r['contact_spacings']:8.2f}")
     print("(contact: the contact interval's error in grid spacings; later above / later max V: the steps after "
           "the first hit whose V is above the target, and their largest V)")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
-                                         "cooper": cooper_version, "steps": args.steps, "seed": args.seed,
-                                         "initial_violation": v0, "runs": rows}, indent=1) + "\n")
+    write(rows, args.steps)
     return 0
 
 
