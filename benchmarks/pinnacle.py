@@ -279,7 +279,8 @@ def report(records: list[dict[str, Any]]) -> str:
             if r is None:
                 continue
             s = at_steps(r, steps)
-            c = at_cpu(r, budget) if budget is not None else None
+            reached = budget is not None and r["trajectory"][-1][1] >= 0.98 * budget
+            c = at_cpu(r, budget) if reached else None
             name = variant if variant in ("adam", "adam_steps", "lbfgs") else f"{variant} ({sum(r['imposed'].values())} imposed)"
             equal_time = f"{c[2]:.2e} ({int(c[0])})" if c else "-"
             lines.append(f"| {PINNACLE_NAMES[problem]} | {steps} | {pts} | {name} | {s[2]:.2e} | {s[1]:.0f} | "
