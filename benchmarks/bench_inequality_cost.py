@@ -20,6 +20,7 @@ apart (one measurement, not a median).
 
     python benchmarks/bench_inequality_cost.py [--repeats 11] [--block 3] [--threads 1]
         [--cases 1e5:10,1e5:50,1e6:10,1e6:50] [--optimizer SQPAdam] [--json PATH]
+Measured figures, with the commands: docs/inequalities.md ("Benchmarks (the optimizer side)").
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ step after which :math:`\|x - x^*\|_\infty \le 10^{-6}` holds to the end. The ta
 
 The hyperparameters per (problem, optimizer) are in ``SETTINGS`` (defaults unless a problem needs
 another; the table prints them).
+Measured figures, with the commands: docs/inequalities.md ("Benchmarks (the optimizer side)").
 """
 
 from __future__ import annotations

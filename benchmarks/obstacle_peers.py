@@ -32,6 +32,7 @@ interval's error in grid spacings (the task's metrics).
 
     pip install cooper-optim     # Cooper 1.0.1 was measured; without it the Cooper runs are skipped
     python benchmarks/obstacle_peers.py [--steps 4000] [--json benchmarks/results/obstacle_peers.json]
+Measured figures, with the commands: docs/inequalities.md ("Benchmarks (the optimizer side)").
 """
 
 from __future__ import annotations
