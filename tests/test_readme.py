@@ -112,7 +112,6 @@ FIGURE_CHECKERS: dict[str, str] = {
 NOT_MEASURED: dict[str, str] = {
     r"lr(?: =|:)? [0-9.]+e-[0-9]+": "a learning rate (a setting)",
     r"\blr=[0-9.]+e-[0-9]+": "a learning rate (a setting)",
-    r"[0-9]+ \"?nodes\"? x [0-9]+ (?:GPUs|process)": "an example cluster",
     r"1000x above its lowest value": "RunHealth's divergence threshold (a setting)",
 }
 # Measured once and stated, not yet reproduced by a checker (each named in the session's report).
@@ -258,7 +257,7 @@ def test_the_physics_reference_examples_run():
 
 
 def test_the_readme_domain_with_a_hole_trains_and_its_normals_point_into_the_hole(tmp_path, monkeypatch):
-    """The README's plate-with-a-hole task: its wall points lie on the square's sides, the hole's packed
+    """The plate-with-a-hole task (docs/tasks.md, which the README's "A new task" points to): its wall points lie on the square's sides, the hole's packed
     normals are the circle's normals pointing into the hole (closed form: -(x - center) / r), and a few
     SQP-Adam steps reduce max |c| of the wall and Neumann rows."""
     import importlib
@@ -266,7 +265,9 @@ def test_the_readme_domain_with_a_hole_trains_and_its_normals_point_into_the_hol
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
-    text = (ROOT / "README.md").read_text()
+    assert "docs/tasks.md#a-domain-with-a-hole-and-a-neumann-condition" in (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "tasks.md").read_text()
+    assert "\n## A domain with a hole and a Neumann condition\n" in text
     code = next(body for lang, body in re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S)
                 if lang == "python" and body.startswith("# plate_with_hole.py"))
     (tmp_path / "plate_with_hole.py").write_text(code)
