@@ -19,7 +19,8 @@ max |c32 - c64|, J32 against J64 and their singular values, the noise of c along
 vectors, one Gauss-Newton step and six Newton iterations (fresh J) per rcond, from float32 or float64 c
 and J::
 
-    python benchmarks/float32_accuracy.py --poisson 25 --steps 3000 [--constraint-dtype native] [--rcond 1e-7] [--out FILE.json]
+    python benchmarks/float32_accuracy.py --poisson 25 --steps 3000 [--constraint-dtype native] [--rcond 1e-7]
+        [--max-corrections 3] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -99,14 +100,16 @@ def gauss_newton(J: torch.Tensor, c: torch.Tensor, rcond: float) -> tuple[torch.
 
 
 def poisson_trace(points: int, steps: int, constraint_dtype: str, hidden: int, depth: int,
-                  rcond: float = 1e-7) -> tuple:
+                  rcond: float = 1e-7, max_corrections: int = 3) -> tuple:
     """Train as the module does and record every step (see the module docstring)."""
     import lit_constrained.optim.corrections as corrections
     from lit_constrained.optim import SQPAdam
 
     model, batch, data = poisson_model(points, constraint_dtype, hidden, depth)
     params = list(model.parameters())
-    optimizer = SQPAdam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-7, h=1.0, rho="full", rcond=rcond)
+    optimizer = SQPAdam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-7, h=1.0, rho="full", rcond=rcond,
+                        max_corrections=max_corrections)
+
     def closure() -> torch.Tensor:  # c at the updated weights, as the module's step hands it over
         with torch.enable_grad():
             return model.constraints(batch).detach().reshape(-1)
@@ -133,7 +136,8 @@ def poisson_trace(points: int, steps: int, constraint_dtype: str, hidden: int, d
             optimizer.step(constraints=c.detach(), jacobian=J, diagnostics=True, constraint_closure=closure)
             d = optimizer.diagnostics
             rows.append({"c": float(c.detach().abs().max()), "after_step": evaluations[0] if evaluations else math.nan,
-                         "corrections": float(d["corrections"]), "step_fraction": float(d["step_fraction"]),
+                         "corrections": float(d.get("corrections", 0.0)),
+                         "step_fraction": float(d.get("step_fraction", 1.0)),
                          "normal": float(d["normal_step_norm"]), "step": float(d["step_norm"]),
                          "gram_condition": float(d["gram_condition"]), "rank": int(d["rank"])})
     finally:
@@ -187,7 +191,7 @@ def poisson_main(args: argparse.Namespace) -> None:
     print(f"CPU: {cpu_model()}; torch {torch.__version__}; Poisson {args.poisson} + {args.poisson} imposed, "
           f"{args.hidden} x {args.depth}, c and J {args.constraint_dtype}, {args.steps} steps")
     model, batch, _, rows = poisson_trace(args.poisson, args.steps, args.constraint_dtype, args.hidden, args.depth,
-                                         args.rcond)
+                                         args.rcond, args.max_corrections)
     later = rows[50:]
     seen = [r["c"] for r in later]
     print(f"after step 50: max |c| the step sees median {statistics.median(seen):.2e}, worst {max(seen):.2e}; "
@@ -228,6 +232,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=20)
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--rcond", type=float, default=1e-7, help="the optimizer's rcond in the Poisson study")
+    parser.add_argument("--max-corrections", type=int, default=3, help="the optimizer's, in the Poisson study")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
