@@ -162,8 +162,8 @@ class ConstrainedOptimizer(InequalityRows, Optimizer, ABC):
         """(shape, dtype) of the J whose last step needed the exact Gram (see ``_exact_gram_expected``)."""
         self._stacked_exact_gram_for: tuple[tuple[int, ...], torch.dtype] | None = None
         """The same for the stacked rows [J; G_A] of a step with active inequality rows."""
-        self.active_set: list[int] = []
-        """The last step's active inequality rows (sorted; a diagnostic: the next step's working set is
+        self.active_set: Tensor = torch.zeros(0, dtype=torch.long)
+        """The last step's active inequality rows (a sorted LongTensor; a diagnostic: the next step's working set is
         ``state["active_set"]``, which resumes with the state)."""
         self.inequality_multipliers: Tensor | None = None
         """The last step's inequality multipliers ((p,) float64, >= 0, 0 off the active set)."""
@@ -177,7 +177,7 @@ class ConstrainedOptimizer(InequalityRows, Optimizer, ABC):
         self.__dict__.setdefault("_view_cache", {})
         self.__dict__.setdefault("_exact_gram_for", None)
         self.__dict__.setdefault("_stacked_exact_gram_for", None)
-        self.__dict__.setdefault("active_set", [])
+        self.__dict__.setdefault("active_set", torch.zeros(0, dtype=torch.long))
         self.__dict__.setdefault("inequality_multipliers", None)
 
     # ------------------------------------------------------------------ hyperparameters

@@ -29,7 +29,7 @@ class InequalityRows:
                            inequality_jacobian: Tensor | None) -> None:
         """Validate g and G and put them on ``inputs`` (their finiteness joins the step's host read)."""
         if inequalities is None and inequality_jacobian is None:
-            self.active_set, self.inequality_multipliers = [], None
+            self.active_set, self.inequality_multipliers = torch.zeros(0, dtype=torch.long), None
             inputs.state.pop("active_set", None)
             return
         owner = type(self).__name__
@@ -43,7 +43,7 @@ class InequalityRows:
             lambda p: self._buffer("inequality_jacobian", (p, n), inputs.dtype, inputs.g.device),
         )
         if not g.numel():
-            self.active_set, self.inequality_multipliers = [], None
+            self.active_set, self.inequality_multipliers = torch.zeros(0, dtype=torch.long), None
             inputs.state.pop("active_set", None)
             return
         if len({float(group["lr"]) for group in self.param_groups}) > 1:
@@ -107,7 +107,8 @@ class InequalityRows:
             rcond=float(self.param_groups[0]["rcond"]), delta=delta, equality_delta_formed=not warm,
             owner=type(self).__name__, gradient_multipliers=self._gradient_multipliers(inputs),
         )
-        self.active_set, self.inequality_multipliers = result.active, result.multipliers
+        self.active_set = torch.tensor(result.active, dtype=torch.long)
+        self.inequality_multipliers = result.multipliers
         inputs.state["active_set"] = torch.tensor(result.working, dtype=torch.long)
         return result.projector, result.active
 
@@ -124,7 +125,7 @@ class InequalityRows:
         """``active`` (rows), ``dual_max`` (the largest inequality multiplier) and the violation of both
         kinds of rows (``violation_max``: max(max |c|, max(g, 0)) at the step's start)."""
         device = inputs.g.device
-        record["active"] = torch.tensor(float(len(self.active_set)), dtype=torch.float64, device=device)
+        record["active"] = torch.tensor(float(self.active_set.numel()), dtype=torch.float64, device=device)
         multipliers = self.inequality_multipliers
         record["dual_max"] = (multipliers.max() if multipliers is not None and multipliers.numel()
                               else torch.zeros((), dtype=torch.float64, device=device))

