@@ -472,3 +472,28 @@ def test_a_file_system_remounted_read_only_mid_run_is_one_line(tmp_path: Path) -
     ours = [line for line in done.stderr.splitlines() if line.startswith("lit-constrained: ")]
     assert len(ours) == 1 and "Read-only file system (EROFS)" in ours[0] and f"{mount}/run" in ours[0], done.stderr
     assert "Traceback" not in done.stderr and "Exception in thread" not in done.stderr
+
+
+def test_the_writer_threads_hook_and_on_exception_racing_print_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorBoard's writer thread stores its OSError before it re-raises it, so the main thread may raise the
+    same error (on_exception) while the thread's excepthook reports it: the two must print one line."""
+    import threading
+    import time
+
+    from lit_constrained.callbacks import integrity
+
+    printed: list[str] = []
+
+    def slow_say(line: str, error: Any) -> None:
+        time.sleep(0.05)  # wide window: the other reporter arrives while this one prints
+        printed.append(line)
+
+    monkeypatch.setattr(integrity, "_say", slow_say)
+    callback = integrity.CheckpointIntegrity()
+    error = OSError(errno.EROFS, "Read-only file system", "/nowhere/events.out")
+    reporters = [threading.Thread(target=callback._say_once, args=(f"line {i}", error)) for i in range(4)]
+    for thread in reporters:
+        thread.start()
+    for thread in reporters:
+        thread.join(timeout=10)
+    assert len(printed) == 1, printed

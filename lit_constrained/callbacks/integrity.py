@@ -112,6 +112,8 @@ class CheckpointIntegrity(Callback):
     def __init__(self) -> None:
         self._reported = False
         self._trainer: Any = None
+        # the writer thread's hook and on_exception may race to report the same failure: one line
+        self._report_lock = threading.Lock()
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._reported, self._trainer = False, trainer
@@ -147,18 +149,22 @@ class CheckpointIntegrity(Callback):
         line = write_failure_line(args.exc_value, self._trainer) if _tensorboard_writer_thread(args.thread) else None
         if line is None:
             return False
-        if not self._reported:
-            self._reported = True
-            _say(line, write_failure(args.exc_value))
+        self._say_once(line, write_failure(args.exc_value))
         return True
+
+    def _say_once(self, line: str, error: OSError | None) -> None:
+        """Print ``line`` unless this fit printed its write failure already (thread-safe)."""
+        with self._report_lock:
+            if not self._reported:
+                self._reported = True
+                _say(line, error)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if self._reported or any(isinstance(e, CheckpointWriteError) for e in _chain(exception)[:1]):
             return  # already said in one line: by the writer thread's hook, or by the checkpoint writer itself
         line = write_failure_line(exception, trainer)
         if line is not None and trainer.is_global_zero:
-            self._reported = True
-            _say(line, write_failure(exception))
+            self._say_once(line, write_failure(exception))
 
 
 #: the fit's CheckpointIntegrity whose trainer a failing writer thread belongs to (the latest set up)
