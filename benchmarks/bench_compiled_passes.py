@@ -5,7 +5,7 @@ medians; ``benchmarks/harness.py``), float32, one thread, J Gaussian (m x n):
 
 * ``gram``: the first pass, G = sum_b J_b J_b^T (float32 products over 512-column blocks, the blocks summed
   in float64) with J g, written as elementwise products and sums that Inductor can fuse into one loop
-  nest over J, against :func:`~lit_constrained.optim.nullspace.scaled_gram` (a ``bmm`` of the blocks and
+  nest over J, against :func:`~lit_constrained.optim.linalg.gram.scaled_gram` (a ``bmm`` of the blocks and
   a GEMV);
 * ``passes``: the projected gradient, the moments and J w of SQP-Adam's direction, u = s (g - J^T y),
   r <- lerp(r, u, 0.1), v <- 0.999 v + 0.01 u^2, w = r / sqrt(v + eps), J w: one compiled graph (its
@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lit_constrained.optim.nullspace import GRAM_BLOCK, gram_partials_shape, scaled_gram
+from lit_constrained.optim.linalg.gram import GRAM_BLOCK, gram_partials_shape, scaled_gram
 from harness import interleaved_medians  # benchmarks/harness.py (scripts run from benchmarks/)
 from machine import cpu_model  # benchmarks/machine.py
 

@@ -29,7 +29,7 @@ import torch
 
 from harness import interleaved_medians, quiet, repeated  # benchmarks/harness.py (scripts run from benchmarks/)
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall
-from lit_constrained.optim.jacobian import constraint_jacobian
+from lit_constrained.jacobians import constraint_jacobian
 from lit_constrained.tasks.darcy import Darcy, DarcyData
 
 SIZES: dict[str, dict[str, Any]] = {

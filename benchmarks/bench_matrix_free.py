@@ -1,7 +1,7 @@
 r"""Forming J against a matrix-free step (J v, J^T z from JVP/VJP, CG on J J^T) and a low-rank sketch of J,
 for the linear algebra of ONE SQP-Adam step on real constraint Jacobians (issue 28, part 2).
 
-The step (SQP-Adam, ``rho="full"``, :mod:`lit_constrained.optim.nullspace`) needs, with
+The step (SQP-Adam, ``rho="full"``, :mod:`lit_constrained.optim.linalg`) needs, with
 :math:`G = J J^T`, g the objective's gradient, w the Adam direction, a = lr and s = 1:
 
 .. math::
@@ -11,7 +11,7 @@ The step (SQP-Adam, ``rho="full"``, :mod:`lit_constrained.optim.nullspace`) need
 i.e. two solves with G (three or more with the post-step corrections, :math:`G^+ c(x_{k+1})` each).
 
 * **(a) the package's path**: J by the per-point engine (``ConstrainedModule.constraint_jacobian`` of a
-  task that declares ``imposed()``), the blocked Gram (``nullspace.gram``), its factor
+  task that declares ``imposed()``), the blocked Gram (``gram.gram``), its factor
   (``GramFactor.from_gram``: eigh for m <= 64, ``PivotedGramFactor``'s pivoted Cholesky above on the CPU)
   and the step's products (J g, J^T y, and ``merged_step`` with the refinement the optimizer's plan asks
   for: ``RefinementPlan.decode(refinement_counts(...))``; where the plan asks for the exact float64 Gram,
@@ -81,22 +81,12 @@ from harness import interleaved_medians, quiet, repeated  # noqa: E402  (benchma
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
 
 from lit_constrained.optim import SQPAdam  # noqa: E402
-from lit_constrained.optim.gram_factor import GramFactor  # noqa: E402
+from lit_constrained.optim.linalg.gram_factor import GramFactor  # noqa: E402
 from lit_constrained.optim.hyperparameters import DEFAULT_RCOND  # noqa: E402
-from lit_constrained.optim.nullspace import (  # noqa: E402
-    TARGET_ERROR,
-    RefinementPlan,
-    add_rmatvec_,
-    chunk_columns,
-    exact_gram,
-    exact_matvec,
-    exact_refinements,
-    gram,
-    gram_partials_shape,
-    matvec,
-    merged_step,
-    refinement_counts,
-)
+from lit_constrained.optim.linalg.gram import exact_gram, gram, gram_partials_shape
+from lit_constrained.optim.linalg.merged_step import merged_step
+from lit_constrained.optim.linalg.products import add_rmatvec_, chunk_columns, exact_matvec, matvec
+from lit_constrained.optim.linalg.refinement import RefinementPlan, TARGET_ERROR, exact_refinements, refinement_counts
 
 LR = 5e-4
 DEFAULT_CASES = "chemistry:100,chemistry:1000,chemistry:3000,poisson:200,poisson:1000"

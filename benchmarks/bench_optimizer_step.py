@@ -16,7 +16,7 @@ Prints the CPU model, then per case the median time per step of each optimizer a
 and SQP-Adam against two timed floors (in the same interleaved rounds):
 
 * ``3-read bound``: the passes over J that SQP-Adam's data dependencies need at the least, with the
-  package's own kernels: the Gram matrix and J g (one pass: :func:`~lit_constrained.optim.nullspace.gram`
+  package's own kernels: the Gram matrix and J g (one pass: :func:`~lit_constrained.optim.linalg.gram.gram`
   and a GEMV), J w (a GEMV) and the merged step's ``a w - J^T z`` (one ``addmv``), plus Adam-like vector
   traffic (a ``torch.optim.Adam(foreach=True)`` step on the same parameter shapes). Refinement steps,
   the projected gradient's own pass (J^T y before the moments; a fused kernel could share J's read with
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall
-from lit_constrained.optim.nullspace import gram_partials_shape, scaled_gram
+from lit_constrained.optim.linalg.gram import gram_partials_shape, scaled_gram
 from harness import interleaved_medians  # benchmarks/harness.py (scripts run from benchmarks/)
 from machine import cpu_model  # benchmarks/machine.py
 

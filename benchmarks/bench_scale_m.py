@@ -52,7 +52,7 @@ from harness import quiet, repeated  # noqa: E402  (benchmarks/harness.py)
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
 
 from lit_constrained.optim import SQPAdam, constraint_jacobian  # noqa: E402
-from lit_constrained.optim.flat import numel_real  # noqa: E402
+from lit_constrained.jacobians import numel_real  # noqa: E402
 from lit_constrained.stepping import StepServices, TrainingStepper  # noqa: E402
 
 LR = 5e-4

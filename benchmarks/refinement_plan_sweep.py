@@ -1,5 +1,5 @@
 """Is each refinement step of the plan needed? The merged step's linearized error against m, n, cond(J) and the
-shape of the spectrum, after k = 0, 1, ..., plan refinements (``optim.nullspace.RefinementPlan``).
+shape of the spectrum, after k = 0, 1, ..., plan refinements (``optim.linalg.refinement.RefinementPlan``).
 
 float32 J = U diag(sigma) V^T (random orthonormal U, V) for n in {2e4, 2e5}, m in {5, 10, 40}, cond(J) in
 {10, 1e2, 1e3, 1e4, 1e5} (cases the plan sends to the exact Gram are skipped) and three spectra: ``log``
@@ -22,7 +22,10 @@ from pathlib import Path
 
 import torch
 
-from lit_constrained.optim.nullspace import GramFactor, RefinementPlan, gram, merged_step, refinement_counts
+from lit_constrained.optim.linalg.gram import gram
+from lit_constrained.optim.linalg.gram_factor import GramFactor
+from lit_constrained.optim.linalg.merged_step import merged_step
+from lit_constrained.optim.linalg.refinement import RefinementPlan, refinement_counts
 
 F64 = torch.float64
 SPECTRA = ("log", "one_small", "half")

@@ -19,7 +19,7 @@ over :math:`(N_p, k_p)`:
 
 so constraint :math:`o_p + i k_p + j` is component j of part p at its point i (:math:`o_p` the
 part's offset). Because each row depends on one point only, the Jacobian of c is assembled point by
-point (:mod:`lit_constrained.optim.pointwise`), linear in m. This module imports no Lightning.
+point (:mod:`lit_constrained.jacobians.pointwise`), linear in m. This module imports no Lightning.
 """
 
 from __future__ import annotations

@@ -52,8 +52,8 @@ from .module_parts.tensorboard import (
 from .module_parts.trainer_checks import SHARDING_STRATEGIES, requested_precision
 from .module_parts.validation_pass import validate_at_start
 from .module_parts.varying import VARYING_SCALARS_KEY
-from .optim.jacobian import constraint_jacobian
-from .optim.pointwise import PointwiseJacobian
+from .jacobians import constraint_jacobian
+from .jacobians import PointwiseJacobian
 from .stepping import NonFinitePolicy, StepResult, StepServices, TrainingStepper
 
 __all__ = [

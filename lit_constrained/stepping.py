@@ -63,7 +63,8 @@ from .distributed import AllGather, gather_step, row_counts, row_slice
 from .hints import DERIVATIVE_FIX, add_hint, describe_batch, is_derivative_without_graph
 from .imposed import SenseRows, violated_part
 from .optim.checks import check_constraints, check_objective, count_nonfinite
-from .optim.flat import group_params, numel_real
+from .jacobians import numel_real
+from .optim.flat import group_params
 
 NonFinitePolicy = Literal["raise", "skip"]
 

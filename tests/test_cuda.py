@@ -25,7 +25,7 @@ import torch
 
 
 from lit_constrained.optim import AdamCon, ConstantStepAdam, MoMo, MoMoAdam, SQPAdam, SQPHeavyBall  # noqa: E402
-from lit_constrained.optim.jacobian import constraint_jacobian  # noqa: E402
+from lit_constrained.jacobians import constraint_jacobian  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from lit_constrained.distributed import exchanged_numbers, gather_step, row_counts, row_slice
-from lit_constrained.optim.jacobian import constraint_jacobian
+from lit_constrained.jacobians import constraint_jacobian
 
 
 
@@ -143,7 +143,7 @@ def test_darcy_rows_grouping_makes_no_host_sync() -> None:
     then adds no host sync to the step (the "auto" cost model reads group sizes on the host)."""
     from tests.tasks.test_darcy import SMALL_DATA, small_task, train_batch
 
-    from lit_constrained.optim.jacobian import per_sample_jacobian
+    from lit_constrained.jacobians import per_sample_jacobian
     from lit_constrained.tasks.darcy import DarcyData
 
     from tests.helpers.sync_counting import SyncCounter

@@ -166,7 +166,9 @@ def _path_of(module: str) -> str:
 def test_the_table_reads_as_the_rules_it_states() -> None:
     # the rules the document states in words, checked on the table the other tests read
     optim = _rule_of("optim/sqp.py")
-    assert not optim.lightning and set(optim.allowed) == {"hints.py"}  # hints.py: a module, not a package
+    assert not optim.lightning and set(optim.allowed) == {"hints.py", "jacobians/"}  # hints.py: a module, not a package
+    jacobians = _rule_of("jacobians/batched.py")  # below optim/: J's columns and the Jacobians, the hints' text only
+    assert not jacobians.lightning and set(jacobians.allowed) == {"hints.py"}
     assert _rule_of("hints.py").allowed == () and not _rule_of("hints.py").lightning  # the bottom: imports none
     # the command line's console and early checks answer before Lightning is imported; its fit/ runs it
     assert not _rule_of("cli/console.py").lightning and not _rule_of("cli/preflight.py").lightning
@@ -177,6 +179,7 @@ def test_the_table_reads_as_the_rules_it_states() -> None:
         assert not any(_matches("module.py", pattern) for pattern in _rule_of(path).allowed), path
     tasks = _rule_of("tasks/spring.py")
     assert not any(_matches("optim/constrained.py", pattern) for pattern in tasks.allowed)  # the step's internals
+    assert any(_matches("jacobians/pointwise.py", pattern) for pattern in tasks.allowed)  # the Jacobians: theirs
     assert {"step", "backward"} <= set(tasks.never_calls) and {"step", "backward"} <= set(_rule_of("callbacks/log10.py").never_calls)
 
 
@@ -231,7 +234,7 @@ def test_tasks_and_callbacks_never_step() -> None:
     ("callbacks/summary.py", "from lit_constrained.module import ConstrainedModule\n", ["callbacks/summary.py:1 imports lit_constrained/module.py"]),
     ("metrics/functional.py", "from lightning.pytorch.callbacks import Callback\n", ["metrics/functional.py:1 imports lightning.pytorch.callbacks"]),
     ("tasks/spring.py", "from lit_constrained.optim.constrained import ConstrainedOptimizer\n", ["tasks/spring.py:1 imports lit_constrained/optim/constrained.py"]),
-    ("tasks/spring.py", "from lit_constrained.optim import SQPAdam\nfrom ..optim.jacobian import per_sample_jacobian\n", []),
+    ("tasks/spring.py", "from lit_constrained.optim import SQPAdam\nfrom ..jacobians import per_sample_jacobian\n", []),
 ])
 def test_the_import_check_finds_what_a_row_forbids(relative: str, source: str, expected: list[str]) -> None:
     # hand-written sources placed in the package: what the check must report, and what it must let pass

@@ -1,8 +1,8 @@
 """Constrained and adaptive stochastic optimizers (pure PyTorch, no Lightning import)."""
 
 from .adam_con import AdamCon
-from .jacobian import constraint_jacobian
-from .nullspace import NullSpace
+from lit_constrained.jacobians import constraint_jacobian
+from .linalg.nullspace import NullSpace
 from .sqp import SQPAdam, SQPHeavyBall
 from .constant_step_adam import ConstantStepAdam
 from .lipschitz import LipschitzEstimate, constant_step_size, estimate_lipschitz, reset_all_parameters

@@ -22,7 +22,7 @@ the bound-constrained QP on the (m + p) x (m + p) Gram :math:`H = \hat J \hat J^
 whose KKT conditions are the primal ones: :math:`(H\lambda - q)_i = -(G_i \Delta x + t g_i) \ge 0` off
 the active set, :math:`\lambda_i \ge 0` on it, complementarity. :func:`solve_dual` solves it by the
 Lawson-Hanson active-set method (free equality multipliers, pseudo-inverse solves with the relative
-cutoff of :class:`~lit_constrained.optim.gram_factor.GramFactor`).
+cutoff of :class:`~lit_constrained.optim.linalg.gram_factor.GramFactor`).
 
 The step itself (:func:`impose_inequalities`) is then the equality step on the rows E + A (A the active
 inequality rows, sorted), with the same rank-revealing factor and refinements. It is tried first with
@@ -45,7 +45,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .nullspace import gram, matvec
+from .linalg.gram import gram
+from .linalg.products import matvec
 from .projection import Projector
 
 MAX_ROUNDS = 4

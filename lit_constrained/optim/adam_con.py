@@ -10,7 +10,7 @@ from torch import Tensor
 from .checks import check_betas, check_positive
 from .constrained import ParamsT, Projection
 from .merged import MergedStepOptimizer
-from .gram_factor import GramFactor
+from .linalg.gram_factor import GramFactor
 from .hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,
     DEFAULT_LR,
@@ -23,7 +23,7 @@ from .hyperparameters import (
     Rho,
     document_projection_args,
 )
-from .nullspace import merged_step
+from .linalg.merged_step import merged_step
 from .projection import NormalDirection
 
 
@@ -42,7 +42,7 @@ class AdamCon(MergedStepOptimizer):
 
     Solved in the scaled variable :math:`z = H^{1/2} d` with :math:`\hat J = J H^{-1/2}`:
     :math:`z = -\hat P H^{-1/2}\hat m - \hat J^+ c`, which is the same KKT solution and reuses the
-    rank-revealing factorization (:mod:`~lit_constrained.optim.nullspace`) of :math:`\hat J`. It is
+    rank-revealing factorization (:mod:`~lit_constrained.optim.linalg`) of :math:`\hat J`. It is
     never formed: its Gram :math:`J H^{-1} J^T` scales a cache-sized chunk of J's columns at a time, and
     its products are :math:`J (H^{-1/2} v)` and :math:`H^{-1/2} (J^T z)` (one read of J each). The
     normal component :math:`-H^{-1/2}\hat J^+ c` satisfies :math:`J(\cdot) = -c`;

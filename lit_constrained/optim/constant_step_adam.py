@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .autocast import outside_autocast
 from lit_constrained.optim.checks import check_betas, check_lr, check_positive
-from lit_constrained.optim.flat import real_view
+from lit_constrained.jacobians import real_view
 
 __all__ = ["ConstantStepAdam"]
 

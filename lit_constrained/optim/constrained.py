@@ -14,7 +14,7 @@ with :math:`\tilde G = \tilde J \tilde J^T`, :math:`\tilde P` the projector on i
 :math:`s = \alpha\rho` the normal-step scale (the paper's normal step is :math:`v = -\rho \tilde J^+ c`,
 :math:`d = v + \tilde P w`, :math:`x_{k+1} = x_k + \alpha d`). The normal and tangential parts share
 their passes over J by linearity: J is read for the Gram matrix, for :math:`\tilde J w` and for
-:math:`\tilde J^T z` (plus two reads per refinement step; :mod:`~lit_constrained.optim.nullspace`).
+:math:`\tilde J^T z` (plus two reads per refinement step; :mod:`~lit_constrained.optim.linalg`).
 
 ``rho="full"`` (the default) takes :math:`s = 1` (:math:`\rho_k = 1/\alpha_k` at every step, so it
 follows LR schedulers): the linearized constraint :math:`c + J \Delta x` is restored in one step
@@ -35,7 +35,8 @@ fixed cap relative to ||x||, ``None`` no cap.
 and ``_normal_direction`` for a scaled projection Jacobian); this class owns the flat layout
 (:class:`~lit_constrained.optim.flat.FlatLayout`), the checks, the one host read (finiteness and the
 refinement plan), the composition (:mod:`~lit_constrained.optim.projection`), the post-step corrections
-(:mod:`~lit_constrained.optim.corrections`) and the diagnostics (:mod:`~lit_constrained.optim.step_diagnostics`).
+(:mod:`~lit_constrained.optim.corrections`), the diagnostics (:mod:`~lit_constrained.optim.step_diagnostics`) and the
+workspaces and Gram factor (:mod:`~lit_constrained.optim.step_factorization`).
 The merged step is :class:`MergedStepOptimizer`'s ``_compose`` (SQP-HeavyBall, SQP-Adam, Adam(con)); an
 optimizer whose step is not of that form subclasses :class:`ConstrainedOptimizer` with its own ``_compose``
 (SQP-MoMo) and keeps the rest.
@@ -51,7 +52,7 @@ only when all groups share one lr or with ``rho="full"``.
 
 **Precision.** ``precision="native"`` (the default) keeps J, the momenta and every n-vector in the
 parameters' dtype and uses float64 for the m x m algebra and the accumulations
-(:mod:`~lit_constrained.optim.nullspace`); ``precision="float64"`` (or float64 parameters) runs all of
+(:mod:`~lit_constrained.optim.linalg`); ``precision="float64"`` (or float64 parameters) runs all of
 it in float64, the reference. Buffers are allocated at the first step and reused.
 
 Step diagnostics (rank, norms, violation, ...) are computed only when asked,
@@ -76,12 +77,12 @@ from torch.optim.optimizer import ParamsT
 from lit_constrained.hints import no_constraints_given_hint
 
 from .autocast import outside_autocast
-from .blas_threads import host_blas_threads
+from .linalg.blas_threads import host_blas_threads
 from .checks import check_finite, check_lr, check_positive, check_shared_keys, prepared_constraint_inputs
 from .corrections import hold_feasibility, max_violation
 from .inequality_rows import InequalityRows
 from .flat import FlatLayout, group_blocks, group_params
-from .gram_factor import EIGH_MAX_SIZE, GramFactor
+from .linalg.gram_factor import EIGH_MAX_SIZE, GramFactor
 from .hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,
     DEFAULT_LR,
@@ -99,21 +100,11 @@ from .hyperparameters import (
     check_precision,
     check_rho,
 )
-from .nullspace import (
-    RefinementPlan,
-    Scaling,
-    chunk_columns,
-    exact_gram,
-    exact_refinements,
-    gram_partials_shape,
-    matvec,
-    refinement_counts,
-    scaled_gram,
-    scaled_scratch_shape,
-)
+from .linalg.refinement import RefinementPlan, exact_refinements, refinement_counts
 from .projection import Projection, Projector
 from .safeguard import ADAPTIVE_NORMAL_STEP
 from .step_diagnostics import record_step
+from .step_factorization import StepFactorization
 from .step_inputs import Composed, StepInputs
 
 __all__ = [
@@ -126,7 +117,7 @@ __all__ = [
 def _with_host_blas_threads(step: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``step`` with NumPy/SciPy's BLAS held to torch's thread count where its m x m algebra is
     BLAS-sized: CPU constraints with m > ``EIGH_MAX_SIZE`` (the pivoted Cholesky factor;
-    :mod:`~lit_constrained.optim.blas_threads`). Smaller m and device tensors skip the ~15 us limit."""
+    :mod:`~lit_constrained.optim.linalg.blas_threads`). Smaller m and device tensors skip the ~15 us limit."""
 
     @functools.wraps(step)
     def limited(*args: Any, **kwargs: Any) -> Any:
@@ -139,7 +130,7 @@ def _with_host_blas_threads(step: Callable[..., Any]) -> Callable[..., Any]:
     return limited
 
 
-class ConstrainedOptimizer(InequalityRows, Optimizer, ABC):
+class ConstrainedOptimizer(InequalityRows, StepFactorization, Optimizer, ABC):
     """Shared machinery: hyperparameters, input checks, the flat layout, rho / "full", the safeguard,
     the merged step, the corrections, diagnostics, state and workspaces."""
 
@@ -236,19 +227,7 @@ class ConstrainedOptimizer(InequalityRows, Optimizer, ABC):
         """The factor of J J^T whose rank / smallest singular value the diagnostics report."""
         return projection.factor
 
-    # ------------------------------------------------------------------ workspaces
-    def _buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-        """A persistent scratch tensor (allocated once; not part of the state)."""
-        buf = self._buffers.get(name)
-        if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != dtype or buf.device != device:
-            buf = torch.empty(shape, dtype=dtype, device=device)
-            self._buffers[name] = buf
-        return buf
-
-    def _vector(self, name: str, like: Tensor) -> Tensor:
-        """A persistent n-vector buffer shaped like ``like``."""
-        return self._buffer(name, tuple(like.shape), like.dtype, like.device)
-
+    # ------------------------------------------------------------------ the param groups' blocks
     def _group_blocks(self) -> list[tuple[dict[str, Any], slice]]:
         """Each param group with its slice of the flat vector (cached while the groups' params stay)."""
         key = tuple(id(p) for group in self.param_groups for p in group["params"])
@@ -260,66 +239,6 @@ class ConstrainedOptimizer(InequalityRows, Optimizer, ABC):
         blocks = group_blocks(self.param_groups)
         self._view_cache["group_blocks"] = (key, blocks)
         return blocks
-
-    def _scaling(self, projection: Projection) -> Scaling | None:
-        """(d, scratch) when the projection Jacobian is J diag(d) (see ``merged_step``); None for J itself."""
-        d = projection.scaling
-        if d is None:
-            return None
-        return d, self._vector("scaled_vector", d)
-
-    def _exact_workspace(self, jacobian: Tensor) -> tuple[Tensor, Tensor]:
-        """Scratch for ``exact_matvec`` (and ``exact_gram``): float64 (m, chunk) and (chunk,)."""
-        m, n = jacobian.shape
-        chunk = min(n, chunk_columns(m))
-        return (self._buffer("exact_rows", (m, chunk), torch.float64, jacobian.device),
-                self._buffer("exact_vector", (chunk,), torch.float64, jacobian.device))
-
-    def _exact_gram(self, jacobian: Tensor, d: Tensor | None = None) -> Tensor:
-        """J D^2 J^T from float64 products, in the optimizer's workspace."""
-        return exact_gram(jacobian, self._exact_workspace(jacobian), d)
-
-    def _exact_factor(self, jacobian: Tensor, d: Tensor | None = None) -> GramFactor:
-        return GramFactor.from_gram(self._exact_gram(jacobian, d), self.param_groups[0]["rcond"], exact=True)
-
-    def _exact_gram_expected(self, jacobian: Tensor, d: Tensor | None) -> bool:
-        """Whether the last step of this J's shape and dtype needed the exact Gram (J itself, d None): J
-        changes little between steps, so this one forms it at once instead of the blocked Gram first (a
-        pass of m^2 n float32 products and a factorization saved; ``_projector`` clears the mark when the
-        exact factor's conditioning would have let the blocked Gram do)."""
-        return d is None and self._exact_gram_for == (tuple(jacobian.shape), jacobian.dtype)
-
-    def _factorize(self, jacobian: Tensor) -> tuple[GramFactor, Tensor]:
-        """The factor of G = J J^T and whether G is finite (a NaN/inf anywhere in J shows in G; the
-        factorization then runs on zeros instead, and the flag stops the step)."""
-        factor, finite, _ = self._scaled_factorize(jacobian, None)
-        return factor, finite
-
-    def _scaled_factorize(self, jacobian: Tensor, d: Tensor | None, v: Tensor | None = None,
-                          ) -> tuple[GramFactor, Tensor, Tensor | None]:
-        """``_factorize`` for G = J D^2 J^T (D = diag(d), the identity when ``d`` is None; a NaN/inf in d
-        shows in G too), with J D v (float64) when ``v`` is given (else None; from the Gram's pass with
-        ``d``): :func:`~lit_constrained.optim.nullspace.scaled_gram`."""
-        m, n = jacobian.shape
-        if m == 0:
-            return (GramFactor.empty(jacobian.device), torch.ones((), dtype=torch.bool, device=jacobian.device),
-                    None if v is None else torch.zeros(0, dtype=torch.float64, device=jacobian.device))
-        exact = self._exact_gram_expected(jacobian, d)
-        if exact:
-            G = self._exact_gram(jacobian)
-            Jv = None if v is None else matvec(jacobian, v)  # (the blocked path's product for d = None)
-        else:
-            partials = scratch = None
-            if jacobian.dtype != torch.float64:
-                partials = self._buffer("gram_partials", gram_partials_shape((m, n)), jacobian.dtype,
-                                        jacobian.device)
-            if d is not None:
-                scratch = self._buffer("scaled_columns", scaled_scratch_shape(m, n, jacobian.dtype), jacobian.dtype,
-                                       jacobian.device)
-            G, Jv = scaled_gram(jacobian, d, partials, scratch, v)
-        finite = torch.isfinite(G).all()
-        G.masked_fill_(finite.logical_not(), 0.0)  # flagged (the step raises): never used; in place (m x m bytes)
-        return GramFactor.from_gram(G, self.param_groups[0]["rcond"], exact=exact), finite, Jv
 
     # ------------------------------------------------------------------ the step
     @outside_autocast

@@ -1,4 +1,5 @@
-"""The flat-vector layout shared by the constrained optimizers and the Jacobian helper.
+"""The flat-vector layout of the constrained optimizers: the columns of J
+(:mod:`~lit_constrained.jacobians.columns`) in ``param_groups`` order.
 
 Parameters are taken in ``param_groups`` order, each flattened in row-major order; a complex
 parameter contributes ``torch.view_as_real(p)`` (real and imaginary parts interleaved), so every
@@ -9,32 +10,19 @@ parameters, the param groups' blocks and the working dtype.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-
-def real_view(t: Tensor) -> Tensor:
-    """The tensor as real numbers: ``view_as_real`` for complex tensors, itself otherwise."""
-    return torch.view_as_real(t) if t.is_complex() else t
+from lit_constrained.jacobians.columns import block_sizes, real_view
 
 
 def group_params(param_groups: Sequence[dict]) -> list[Tensor]:
     """All parameters of an optimizer, in ``param_groups`` order (the flat layout's order)."""
     return [p for group in param_groups for p in group["params"]]
-
-
-def numel_real(params: Iterable[Tensor]) -> int:
-    """n: the number of real entries of the parameters (complex entries count twice)."""
-    return sum(real_view(p).numel() for p in params)
-
-
-def block_sizes(params: Sequence[Tensor]) -> list[int]:
-    """Sizes of each parameter's block in the flat vector."""
-    return [real_view(p).numel() for p in params]
 
 
 def group_blocks(param_groups: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], slice]]:

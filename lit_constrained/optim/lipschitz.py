@@ -32,7 +32,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .flat import block_sizes, gather
+from lit_constrained.jacobians import block_sizes
+
+from .flat import gather
 
 __all__ = [
     "LipschitzEstimate", "check_estimate_settings", "constant_step_size", "estimate_lipschitz",

@@ -9,7 +9,7 @@ D), the step is
     \Delta x = T\big(a \tilde P w - s \tilde J^+ c\big) = T\big(a w - \tilde J^T z\big),
     \qquad z = \tilde G^+ (s c + a \tilde J w)
 
-(:func:`~lit_constrained.optim.nullspace.merged_step`), :math:`\tilde G = \tilde J \tilde J^T`,
+(:func:`~lit_constrained.optim.linalg.merged_step.merged_step`), :math:`\tilde G = \tilde J \tilde J^T`,
 :math:`\tilde P` the projector on its null space, s the (safeguarded) normal-step scale. Groups with
 different lrs (:func:`mixed_lr_step`) project :math:`\mathrm{diag}(\alpha) T \tilde P w` again on the null
 space of J, so it still leaves the linearized constraints unchanged.
@@ -22,8 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .gram_factor import GramFactor
-from .nullspace import NullSpace, RefinementPlan, Scaling, merged_step, refine_
+from .linalg.gram_factor import GramFactor
+from .linalg.merged_step import merged_step
+from .linalg.nullspace import NullSpace
+from .linalg.products import Scaling
+from .linalg.refinement import RefinementPlan, refine_
 
 
 @dataclass

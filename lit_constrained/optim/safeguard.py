@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .gram_factor import GramFactor
+from .linalg.gram_factor import GramFactor
 from .hyperparameters import MaxNormalStep, Rho
 
 TINY = 1e-30

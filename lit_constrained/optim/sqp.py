@@ -42,7 +42,7 @@ class SQPHeavyBall(MergedStepOptimizer):
     so :math:`J_k d_k = -\rho c_k`. With :math:`\beta = 0, \rho = h = 1`, d solves the KKT system
     :math:`[[I, J^T], [J, 0]] [d; y] = -[g; c]`. The m x m algebra is done in float64 with a
     rank-revealing factorization of :math:`J J^T` (an eigendecomposition for m <= 64, LAPACK's pivoted
-    Cholesky above on the CPU: :mod:`~lit_constrained.optim.nullspace`), J and
+    Cholesky above on the CPU: :mod:`~lit_constrained.optim.linalg`), J and
     the momentum stay in the parameters' dtype: for a rank-deficient J, P projects on the numerical null
     space and v is the minimum-norm least-squares normal step; the rank is reported in
     ``optimizer.diagnostics["rank"]``. Per step J is read for the Gram matrix, for J g, for

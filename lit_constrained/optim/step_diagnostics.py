@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .gram_factor import GramFactor
-from .nullspace import exact_matvec
+from .linalg.gram_factor import GramFactor
+from .linalg.products import exact_matvec
 from .projection import Projector
 from .safeguard import TINY
 

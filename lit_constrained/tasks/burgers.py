@@ -23,7 +23,7 @@ with :math:`w_r = w_b = 10^{-3}`, :math:`w_d = 1` and D the 200 labelled rows pe
 condition (an empty subset contributes 0). The hard constraints are the residual at m = 10 fixed
 training rows, :math:`c(\theta) = (r_\theta(z_1), \dots, r_\theta(z_m)) = 0`, declared point by
 point (:meth:`Burgers.imposed`), so their Jacobian is the per-point one
-(:mod:`lit_constrained.optim.pointwise`, linear in m): the Taylor derivatives of the imposed residual
+(:mod:`lit_constrained.jacobians.pointwise`, linear in m): the Taylor derivatives of the imposed residual
 run in plain tensor operations (``mlp_taylor(..., transformable=True)``), valid inside ``torch.func``;
 ``derivative="autograd"`` takes the engine's chunked-autograd path.
 

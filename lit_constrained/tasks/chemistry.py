@@ -22,7 +22,7 @@ batch B with labeled rows L (a fixed random 20 % of all rows):
     c(\\theta) = \\big(b_\\theta(x_1), \\dots, b_\\theta(x_m)\\big) = 0 \\quad (m = 10 \\text{ fixed random rows}).
 
 The constraints are declared point by point (:meth:`Chemistry.imposed`: the mass balance at the rows
-``x_con``), so their Jacobian is the per-point one (:mod:`lit_constrained.optim.pointwise`, linear in
+``x_con``), so their Jacobian is the per-point one (:mod:`lit_constrained.jacobians.pointwise`, linear in
 m); with the default ``derivative="taylor"`` the imposed residual carries the tangent in plain tensor
 operations (``mlp_taylor(..., transformable=True)``), which run inside ``torch.func``; the other
 modes take the engine's chunked-autograd path.

@@ -23,12 +23,12 @@ units of the output scale s, like the network's output), and the hard constraint
 The constraint Jacobian (m x n; n = 18 733 at the paper's size, complex spectral weights entering as
 ``view_as_real``) is the cost of a step. :meth:`Darcy.constraint_jacobian` computes it per sample
 (residual i depends on one sample only;
-:func:`lit_constrained.optim.jacobian.per_sample_jacobian`): one ``vmap``-ed forward pass over the
+:func:`lit_constrained.jacobians.per_sample_jacobian`): one ``vmap``-ed forward pass over the
 samples the constraints touch, each with its own broadcast copy of the parameters (one unit per
 constraint or per distinct sample, whichever is cheaper), then one reverse pass, through the network of :func:`~lit_constrained.tasks.fno.build_fno`:
 a ``vmap``-safe spectral convolution (:class:`~lit_constrained.tasks.spectral.VmapSpectralConv`) and
 1x1 convolutions written as contractions (:class:`~lit_constrained.tasks.spectral.PointwiseConv1d`).
-The general autograd helper (:func:`lit_constrained.optim.jacobian.constraint_jacobian`, the base
+The general autograd helper (:func:`lit_constrained.jacobians.constraint_jacobian`, the base
 class's default) remains available (``vmap_jacobian=False``, then the base's ``jacobian_method``)
 and is the fallback.
 """
@@ -48,7 +48,7 @@ from lit_constrained.callbacks.monitoring import small_figure
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.module_parts.trainer_checks import attached_trainer
-from lit_constrained.optim.jacobian import GroupingMode, per_sample_jacobian
+from lit_constrained.jacobians import GroupingMode, per_sample_jacobian
 from lit_constrained.tasks.common import DTypeName, torch_dtype
 from lit_constrained.tasks.darcy_data import DarcyData, boundary_mask
 
@@ -106,7 +106,7 @@ class Darcy(ConstrainedModule):
             general autograd Jacobian (``jacobian_method``: ``"auto"``, ``"batched"`` or ``"loop"``).
         jacobian_grouping: how the per-sample Jacobian batches the constraints (one unit per
             constraint, ``"rows"``, or per distinct sample, ``"samples"``; ``"auto"``: the cheaper; see
-            :func:`~lit_constrained.optim.jacobian.constraint_units`).
+            :func:`~lit_constrained.jacobians.constraint_units`).
         dtype: ``"float32"`` or ``"float64"`` (spectral weights become complex64 / complex128).
         **kwargs: :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """

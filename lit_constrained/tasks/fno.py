@@ -4,7 +4,7 @@ a cast that keeps complex spectral weights complex.
 :func:`build_fno` is the Darcy task's network (3 input channels: the permeability mask and the
 coordinates x, y; 1 output channel); its spectral and 1x1 convolutions are the ``vmap``-safe layers of
 :mod:`lit_constrained.tasks.spectral`, so the per-sample constraint Jacobian
-(:func:`lit_constrained.optim.jacobian.per_sample_jacobian`) batches over samples without a loop.
+(:func:`lit_constrained.jacobians.per_sample_jacobian`) batches over samples without a loop.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ in plain tensor operations; :func:`spring_residual` for any other ``u``, by nest
     c(\\theta) = \\big(r_\\theta(4/29),\\ r_\\theta(12/29),\\ r_\\theta(21/29)\\big) = 0 \\quad (m = 3).
 
 The constraints are declared point by point (:meth:`Spring.imposed`: the residual at ``t_con``), so
-their Jacobian is the per-point one (:mod:`lit_constrained.optim.pointwise`: at m = 3 one small
+their Jacobian is the per-point one (:mod:`lit_constrained.jacobians.pointwise`: at m = 3 one small
 ordinary graph, at many points ``torch.func`` per point).
 
 Test metric: the MSE against the exact solution on 500 points of [0, 1] (``val/mse``, ``test/mse``).

@@ -135,7 +135,7 @@ def mlp_taylor(
         transformable: the Tanh layers in plain tensor operations (autograd's rules for the
             backward) instead of the written-out backward: the pass then also runs inside
             ``torch.func`` transforms (``vmap`` / ``jacrev`` over points: the per-point constraint
-            Jacobian of :mod:`lit_constrained.optim.pointwise`). Same values.
+            Jacobian of :mod:`lit_constrained.jacobians.pointwise`). Same values.
     """
     if not isinstance(net, nn.Sequential):
         raise TypeError(

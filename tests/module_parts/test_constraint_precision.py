@@ -21,8 +21,8 @@ from lit_constrained.module_parts.constraint_precision import (
     weight_floor,
 )
 from lit_constrained.optim import SQPAdam
-from lit_constrained.optim.jacobian import constraint_jacobian
-from lit_constrained.optim.pointwise import PointwiseJacobian
+from lit_constrained.jacobians import constraint_jacobian
+from lit_constrained.jacobians.pointwise import PointwiseJacobian
 from lit_constrained.physics import laplacian
 
 

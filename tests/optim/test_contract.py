@@ -34,7 +34,7 @@ from torch.optim import Optimizer
 
 from lit_constrained.optim import AdamCon, ConstantStepAdam, MoMo, MoMoAdam, SQPAdam, SQPHeavyBall
 from lit_constrained.optim.experimental import SQPMoMo, SQPMoMoAdam
-from lit_constrained.optim.flat import real_view
+from lit_constrained.jacobians import real_view
 
 DT = torch.float64
 STEPS = 3

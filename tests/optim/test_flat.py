@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from lit_constrained.optim.flat import FlatLayout, block_sizes, gather, group_blocks, group_params, numel_real, real_view
+from lit_constrained.jacobians import block_sizes, numel_real, real_view
+from lit_constrained.optim.flat import FlatLayout, gather, group_blocks, group_params
 
 F64 = torch.float64
 

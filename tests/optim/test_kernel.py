@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from lit_constrained.optim import SQPAdam
-from lit_constrained.optim.gram_factor import GramFactor
-from lit_constrained.optim.nullspace import RefinementPlan, gram
+from lit_constrained.optim.linalg.gram_factor import GramFactor
+from lit_constrained.optim.linalg.gram import gram
+from lit_constrained.optim.linalg.refinement import RefinementPlan
 from lit_constrained.optim.projection import Projector
 from lit_constrained.optim.safeguard import ADAPTIVE_NORMAL_STEP, normal_step_scale
 
@@ -84,16 +85,16 @@ def test_a_step_after_one_that_needed_the_exact_gram_forms_it_at_once(monkeypatc
     Gram, finds it insufficient and forms the exact one; the next steps of that shape go to the exact Gram
     directly. The trajectory is bit-identical to re-deciding at every step (the same exact factor and
     refinements)."""
-    import lit_constrained.optim.constrained as constrained_module
+    import lit_constrained.optim.step_factorization as factorization_module
 
     calls = {"blocked": 0}
-    blocked = constrained_module.scaled_gram
+    blocked = factorization_module.scaled_gram
 
     def counted(*args, **kwargs):
         calls["blocked"] += 1
         return blocked(*args, **kwargs)
 
-    monkeypatch.setattr(constrained_module, "scaled_gram", counted)
+    monkeypatch.setattr(factorization_module, "scaled_gram", counted)
     gen = torch.Generator().manual_seed(5)
     m, n = 6, 4000
     U, _ = torch.linalg.qr(torch.randn(m, m, generator=gen, dtype=F64))

@@ -562,7 +562,7 @@ def test_where_the_kernel_does_not_apply_the_default_falls_back_and_fused_true_s
 
 
 def test_past_the_float32_step_count_the_reference_ops_take_over(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lit_constrained.optim.momo import FUSED_MAX_STEP
+    from lit_constrained.optim.momo_moments import FUSED_MAX_STEP
 
     calls = fused_calls(monkeypatch)
     x = torch.zeros(3, requires_grad=True)

@@ -315,7 +315,7 @@ def svd_jacobian(m: int, n: int, cond: float, seed: int = 0) -> torch.Tensor:
 
 # Measured over 18 instances (J seeds 0-11 with gradient seeds 1-12; J seed 0 with gradient seeds 1-6), the
 # refinement's corrections formed apart from the step and, with exact residuals, from split multipliers
-# (nullspace.refine_): SQP-Adam / SQP-HeavyBall at most 1.2e-7 / 2.3e-7 (cond(J) = 1e2), 4.7e-8 / 9.6e-8
+# (refinement.refine_): SQP-Adam / SQP-HeavyBall at most 1.2e-7 / 2.3e-7 (cond(J) = 1e2), 4.7e-8 / 9.6e-8
 # (1e3), 8.9e-6 / 9.6e-6 (1e5). Adam(con) solves in the scaled variable H^{1/2} d: the float32 rounding of its
 # step is amplified by the spread of H^{-1/2} (~1e3 for a random gradient): at most 4.5e-7 (1e2, residuals
 # from 64-column blocks), 1.0e-6 (1e3; rounding the exact float64 step to float32 alone gives up to 4.9e-7)
@@ -346,7 +346,7 @@ def test_float32_step_restores_the_linearized_constraints(opt_cls, cond, seed):
     """||J d + rho c|| / (rho ||c||) for float32 parameters, J from an SVD at n = 1e5, m = 10 (at cond(J) =
     1e2 the refinement residual is the blocked float32 one, at 1e3 and 1e5 the float64-product one);
     seed 5: the instance where the refinement stalled at 4e-6 (cond(J) = 1e3) and 2.5e-4 (1e5) while it
-    accumulated its corrections into the step (see nullspace.refine_)."""
+    accumulated its corrections into the step (see refinement.refine_)."""
     error, x, opt = float32_linearized_feasibility_error(opt_cls, cond, seed)
     assert error <= ACCURACY[opt_cls][cond > 1e3], error
     assert x.dtype == torch.float32 and all(t.dtype == torch.float32 for t in opt.state["flat"].values()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.func import functional_call, jacrev, vmap
 
-from lit_constrained.optim.jacobian import constraint_jacobian
+from lit_constrained.jacobians import constraint_jacobian
 from lit_constrained.physics import (
     derivatives, divergence, gradient, hessian, laplacian, partial, time_derivative,
 )
@@ -324,7 +324,7 @@ def test_per_point_jacobian_of_boundary_and_time_residuals_equals_the_dense_auto
     """Robin (u + 2 du/dn at packed boundary points), the wave equation u_tt - 4 u_xx, the heat equation
     u_t - (u_xx + u_yy) with a Neumann condition on a space-time cylinder's side, and a periodic pair
     (u and u_x): the per-point engine's torch.func path against rows of plain autograd."""
-    from lit_constrained.optim.pointwise import pointwise_jacobian
+    from lit_constrained.jacobians.pointwise import pointwise_jacobian
     from lit_constrained.physics import Box, BoundarySample, Disk, SpaceTime, normal_derivative, periodic_difference
 
     plate = Box((0.0, 0.0), (1.0, 1.0)) - Disk((0.5, 0.5), 0.2)

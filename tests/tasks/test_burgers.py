@@ -181,7 +181,7 @@ def test_objective_on_exact_and_shifted_solution() -> None:
 
 @pytest.mark.parametrize("derivative", ["taylor", "autograd"])
 def test_constraint_jacobian_matches_finite_differences(derivative: str) -> None:
-    from lit_constrained.optim.jacobian import constraint_jacobian
+    from lit_constrained.jacobians import constraint_jacobian
 
     torch.manual_seed(0)
     dm = BurgersData(cache_dir=None, **SMALL)

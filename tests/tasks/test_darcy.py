@@ -11,8 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from lit_constrained.optim import SQPAdam
-from lit_constrained.optim.flat import gather, group_params, real_view
-from lit_constrained.optim.jacobian import constraint_jacobian, constraint_units, per_sample_jacobian
+from lit_constrained.optim.flat import gather, group_params
+from lit_constrained.jacobians import constraint_jacobian, constraint_units, per_sample_jacobian, real_view
 from lit_constrained.tasks.darcy import Darcy, DarcyData, darcy_residual
 from lit_constrained.tasks.darcy_data import (
     darcy_dataset,

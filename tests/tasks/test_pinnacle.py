@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_constrained.optim.jacobian import constraint_jacobian
+from lit_constrained.jacobians import constraint_jacobian
 from lit_constrained.tasks import pinnacle
 from lit_constrained.tasks.pinnacle import (
     BurgersPinnacle, BurgersPinnacleData, HeatPinnacle, HeatPinnacleData, PoissonPinnacle, PoissonPinnacleData,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_constrained.optim.jacobian import constraint_jacobian
+from lit_constrained.jacobians import constraint_jacobian
 from lit_constrained.tasks.poisson import Poisson, PoissonData, poisson_exact, poisson_forcing
 from lit_constrained.tasks.poisson_data import poisson_points
 

@@ -1,4 +1,4 @@
-"""The null-space algebra (nullspace.py) against dense float64 references (torch.linalg in float64;
+"""The null-space algebra (optim/linalg/) against dense float64 references (torch.linalg in float64;
 NumPy only where a test needs the block products of the CPU path's BLAS)."""
 
 from __future__ import annotations
@@ -9,24 +9,18 @@ import numpy as np
 import pytest
 import torch
 
-from lit_constrained.optim.nullspace import (
-    GramFactor,
+from lit_constrained.optim.linalg.gram import exact_gram, gram, gram_error, scaled_chunk_columns, scaled_gram
+from lit_constrained.optim.linalg.gram_factor import GramFactor
+from lit_constrained.optim.linalg.merged_step import merged_step
+from lit_constrained.optim.linalg.nullspace import NullSpace
+from lit_constrained.optim.linalg.products import RESIDUAL_BLOCK, blocked_matvec, exact_matvec
+from lit_constrained.optim.linalg.refinement import (
     MAX_REFINEMENTS,
-    RESIDUAL_BLOCK,
     REFINE_ABOVE_CONDITION,
     TARGET_ERROR,
-    NullSpace,
     RefinementPlan,
-    blocked_matvec,
-    exact_gram,
-    exact_matvec,
     exact_residual_needed,
-    gram,
-    gram_error,
-    merged_step,
     refinement_counts,
-    scaled_chunk_columns,
-    scaled_gram,
 )
 
 F64 = torch.float64
@@ -319,7 +313,8 @@ def test_large_m_refines_with_the_blocked_gram_before_forming_the_exact_one():
     """m > EIGH_MAX_SIZE: up to LARGE_MAX_REFINEMENTS steps with the blocked Gram (its float64 products
     cost m^2 n: 3.3 s at m = 1 000); the exact Gram only where even that many cannot reach TARGET_ERROR.
     Checked against the contraction model: the fewest k with rate^(k+1) <= TARGET_ERROR."""
-    from lit_constrained.optim.nullspace import LARGE_MAX_REFINEMENTS, TARGET_ERROR, gram_error, max_refinements
+    from lit_constrained.optim.linalg.gram import gram_error
+    from lit_constrained.optim.linalg.refinement import LARGE_MAX_REFINEMENTS, TARGET_ERROR, max_refinements
 
     m, n = 300, 9_000
     assert max_refinements(m) == LARGE_MAX_REFINEMENTS and max_refinements(10) == 2
@@ -339,8 +334,8 @@ def test_a_large_gram_is_accumulated_block_by_block_with_the_same_products(scale
     """m > EIGH_MAX_SIZE: the Gram adds one block's float32 m x m product at a time to a float64 G
     (no (blocks, m, m) partials): bit-identical to summing all blocks' products in float64 at once, and
     within gram_error of the float64 Gram; with d (Adam(con)'s J D) the same as the Gram of J * d."""
-    from lit_constrained.optim.gram_factor import EIGH_MAX_SIZE
-    from lit_constrained.optim.nullspace import _symmetrized_sum, gram_block, gram_partials_shape
+    from lit_constrained.optim.linalg.gram_factor import EIGH_MAX_SIZE
+    from lit_constrained.optim.linalg.gram import _symmetrized_sum, gram_block, gram_partials_shape
 
     gen = torch.Generator().manual_seed(4)
     m, n = EIGH_MAX_SIZE + 16, 3 * gram_block(EIGH_MAX_SIZE + 16) + 37
@@ -350,7 +345,7 @@ def test_a_large_gram_is_accumulated_block_by_block_with_the_same_products(scale
     A = J * d if scaled else J
     block = gram_block(m)
     blocks = n // block
-    # each block's float32 product by the BLAS that the CPU Gram of this m uses (SciPy's: optim/host_gram.py)
+    # each block's float32 product by the BLAS that the CPU Gram of this m uses (SciPy's: optim/linalg/host_gram.py)
     pieces = [A[:, i * block:(i + 1) * block].numpy() for i in range(blocks)]
     stacked = torch.stack([torch.from_numpy(np.matmul(piece, piece.T)) for piece in pieces])
     expected = _symmetrized_sum(stacked.sum(0, dtype=F64), A[:, blocks * block:] @ A[:, blocks * block:].T)
@@ -364,7 +359,7 @@ def test_a_large_gram_is_accumulated_block_by_block_with_the_same_products(scale
 def test_the_exact_gram_of_many_rows_from_its_lower_triangle(scaled):
     """m >= 256: exact_gram takes the float64 products of the lower triangle only (SciPy's dsyrk on the CPU; on
     another device the band blocks on and below the diagonal) and mirrors them: exactly symmetric and equal to the float64 Gram to float64 round-off."""
-    from lit_constrained.optim.nullspace import BandAccumulator, _row_bands
+    from lit_constrained.optim.linalg.gram import BandAccumulator, _row_bands
 
     gen = torch.Generator().manual_seed(6)
     m, n = 300, 3000
@@ -385,8 +380,8 @@ def test_the_exact_gram_of_many_rows_from_its_lower_triangle(scaled):
 def test_a_large_gram_of_half_precision_rows_stays_on_torch(dtype):
     """m > EIGH_MAX_SIZE with a 16-bit J (NumPy has no bfloat16): torch's block products, within the
     16-bit rounding of the float64 Gram of the same entries."""
-    from lit_constrained.optim.gram_factor import EIGH_MAX_SIZE
-    from lit_constrained.optim.nullspace import gram_block
+    from lit_constrained.optim.linalg.gram_factor import EIGH_MAX_SIZE
+    from lit_constrained.optim.linalg.gram import gram_block
 
     gen = torch.Generator().manual_seed(8)
     m = EIGH_MAX_SIZE + 16

@@ -1,11 +1,11 @@
-"""In-place symmetrization by blocks (optim/symmetric.py) against the whole-matrix formulas."""
+"""In-place symmetrization by blocks (optim/linalg/symmetric.py) against the whole-matrix formulas."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lit_constrained.optim.symmetric import BLOCK, mirror_lower_, symmetrize_
+from lit_constrained.optim.linalg.symmetric import BLOCK, mirror_lower_, symmetrize_
 
 
 @pytest.mark.parametrize("m", [1, 7, BLOCK, BLOCK + 45, 3 * BLOCK + 1])

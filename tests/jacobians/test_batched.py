@@ -9,8 +9,9 @@ import torch
 from torch.func import functional_call
 
 from lit_constrained.optim import constraint_jacobian
-from lit_constrained.optim.flat import FlatLayout, numel_real
-from lit_constrained.optim.jacobian import constraint_units, per_sample_jacobian
+from lit_constrained.jacobians import numel_real
+from lit_constrained.optim.flat import FlatLayout
+from lit_constrained.jacobians import constraint_units, per_sample_jacobian
 
 F64 = torch.float64
 

@@ -25,8 +25,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
-from .checks import DERIVATIVE_FIX
-from .flat import real_view
+from lit_constrained.hints import DERIVATIVE_FIX
+
+from .columns import numel_real, real_view
 
 JacobianMethod = Literal["auto", "batched", "loop"]
 
@@ -82,7 +83,7 @@ def constraint_jacobian(
     start, stop = _row_range(rows, constraints.numel())
     m = stop - start
     if m == 0:
-        n = sum(real_view(p).numel() for p in params)
+        n = numel_real(params)
         return constraints.new_zeros(0, n)
     if not constraints.requires_grad:
         raise ValueError(
@@ -285,7 +286,7 @@ def per_sample_jacobian(
     m = sample.numel()
     if m == 0:
         _parameter_names(module, params)
-        n = sum(real_view(p).numel() for p in params)
+        n = numel_real(params)
         dtype = real_view(params[0]).dtype if params else torch.get_default_dtype()
         return torch.zeros(0, n, dtype=dtype, device=sample.device)
     if mode == "auto" and sample.device.type != "cpu":

@@ -8,7 +8,7 @@ no host sync and no data-dependent shapes). Two backends of the same factor:
 
 * ``torch.linalg.eigh`` on the Gram's device (GPU, or a CPU Gram of order at most ``EIGH_MAX_SIZE``);
 * a CPU Gram larger than that: LAPACK's rank-revealing pivoted Cholesky factorization
-  (:class:`PivotedGramFactor`, :mod:`~lit_constrained.optim.pivoted_cholesky`), the same cutoff on the
+  (:class:`PivotedGramFactor`, :mod:`~lit_constrained.optim.linalg.pivoted_cholesky`), the same cutoff on the
   singular values of J at :math:`m^3/3` flops instead of eigh's :math:`\sim 9 m^3` (docs/optim_measurements.md).
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .hyperparameters import DEFAULT_RCOND
+from ..hyperparameters import DEFAULT_RCOND
 from .pivoted_cholesky import HostCholesky
 
 EIGH_MAX_SIZE = 64
@@ -39,7 +39,7 @@ class GramFactor:
         keep: the kept eigenvalues (bool), shape (m,).
         kept_min: the smallest kept eigenvalue (0-dim; lambda_max when nothing is kept).
         condition: lambda_max / lambda_min of the kept eigenvalues (0-dim; 1 when r = 0).
-        exact: G was formed from float64 products (``nullspace.exact_gram``): the refinement plan of the
+        exact: G was formed from float64 products (``gram.exact_gram``): the refinement plan of the
             blocked Gram does not apply to it.
     ``rank`` and ``smallest_singular_value`` (diagnostics) are computed when read.
     """
@@ -113,7 +113,7 @@ class GramFactor:
 @dataclass
 class PivotedGramFactor(GramFactor):
     """A :class:`GramFactor` of a CPU Gram by LAPACK's pivoted Cholesky factorization
-    (:class:`~lit_constrained.optim.pivoted_cholesky.HostCholesky`, NumPy float64): no eigenvector basis
+    (:class:`~lit_constrained.optim.linalg.pivoted_cholesky.HostCholesky`, NumPy float64): no eigenvector basis
     (``basis``, ``inverse`` and ``keep`` are None); its methods take and return CPU tensors."""
 
     cholesky: HostCholesky | None = None

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from lit_constrained.optim.gram_factor import EIGH_MAX_SIZE, GramFactor, PivotedGramFactor
-from lit_constrained.optim.pivoted_cholesky import HostCholesky
+from lit_constrained.optim.linalg.gram_factor import EIGH_MAX_SIZE, GramFactor, PivotedGramFactor
+from lit_constrained.optim.linalg.pivoted_cholesky import HostCholesky
 
 F64 = torch.float64
 

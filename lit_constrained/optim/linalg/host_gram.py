@@ -1,14 +1,14 @@
 r"""The products of a large Gram matrix :math:`G = J J^T` on the CPU by NumPy/SciPy's BLAS.
 
 For m > ``EIGH_MAX_SIZE`` on the CPU the m x m algebra is already SciPy's (the pivoted Cholesky factor,
-:mod:`~lit_constrained.optim.pivoted_cholesky`); its Gram products are taken there too. The products
+:mod:`~lit_constrained.optim.linalg.pivoted_cholesky`); its Gram products are taken there too. The products
 are the same as torch's (float32 products of a block of columns, :math:`J_b J_b^T`; float64 products of a
 converted chunk, accumulated in float64), formed by another BLAS: on the AMD EPYC of these measurements
 torch's MKL ran a 1 000 x 2 048 float32 product at 0.44x and a float64 rank-k update at 0.71x the speed of
 SciPy's OpenBLAS (docs/optim_measurements.md, large m). The products accumulate in another order than
-torch's: the Gram agrees with torch's to its rounding (:func:`~lit_constrained.optim.nullspace.gram_error`),
+torch's: the Gram agrees with torch's to its rounding (:func:`~lit_constrained.optim.linalg.gram.gram_error`),
 not bit for bit. The caller holds OpenBLAS to torch's thread count
-(:mod:`~lit_constrained.optim.blas_threads`, around every step with such an m).
+(:mod:`~lit_constrained.optim.linalg.blas_threads`, around every step with such an m).
 """
 
 from __future__ import annotations

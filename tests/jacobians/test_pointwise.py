@@ -16,8 +16,8 @@ from torch import Tensor
 from torch.func import hessian, jvp, vmap
 
 from lit_constrained.optim import constraint_jacobian
-from lit_constrained.optim.flat import numel_real
-from lit_constrained.optim.pointwise import PointwiseJacobian, chunk_points, pointwise_jacobian
+from lit_constrained.jacobians import numel_real
+from lit_constrained.jacobians.pointwise import PointwiseJacobian, chunk_points, pointwise_jacobian
 
 F64 = torch.float64
 
@@ -149,7 +149,7 @@ def test_chunk_size_follows_the_memory_budget() -> None:
 
 def test_the_default_budget_is_a_share_of_the_jacobian_within_bounds() -> None:
     """2x J's bytes, at least 16 MiB and at most 64 MiB; an engine without a budget chunks by it."""
-    from lit_constrained.optim.pointwise import PointwiseJacobian, default_memory_budget
+    from lit_constrained.jacobians.pointwise import PointwiseJacobian, default_memory_budget
 
     MiB = 2**20
     assert default_memory_budget(1 * MiB) == 16 * MiB

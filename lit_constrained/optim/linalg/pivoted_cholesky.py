@@ -10,7 +10,7 @@ rank-revealing: with a permutation :math:`\Pi`,
 stopping when every diagonal entry of the Schur complement S is at most :math:`\text{tol}`; the dropped
 part then has :math:`\|S\|_2 \le \mathrm{tr}\,S \le (m - r)\,\text{tol}`. With
 ``tol = rcond^2 * max(diag G)`` (the relative cutoff on the singular values of J, as the eigenvalue
-cutoff of :class:`~lit_constrained.optim.nullspace.GramFactor` keeps :math:`\lambda_i > \mathrm{rcond}^2
+cutoff of :class:`~lit_constrained.optim.linalg.gram_factor.GramFactor` keeps :math:`\lambda_i > \mathrm{rcond}^2
 \lambda_{\max}`), the kept factor is the numerical range of J, and
 
 * full rank (r = m): :math:`G^{-1} b = \Pi L^{-T} L^{-1} \Pi^T b` (two triangular solves);
@@ -28,7 +28,7 @@ kept part is then exact, :math:`\lambda_1 / \lambda_k`).
 
 At full rank the condition number :math:`\kappa(G) = \lambda_{\max} / \lambda_{\min}` is estimated
 by power iterations on G and on :math:`G^{-1}` (``POWER_ITERATIONS`` each, O(m^2) per iteration): within a
-small factor of the value that the refinement plan of :mod:`~lit_constrained.optim.nullspace` thresholds
+small factor of the value that the refinement plan of :mod:`~lit_constrained.optim.linalg` thresholds
 (its thresholds are orders of magnitude apart). LAPACK's 1-norm estimator ``dtrcon`` on the triangular
 factor was tried first: squared, it overestimated cond(G) by ~m (1 900 against 5 at m = 300).
 """

@@ -1,6 +1,6 @@
 """NumPy/SciPy's BLAS threads held to torch's thread count during the host linear algebra.
 
-The host path of the optimizers (:mod:`~lit_constrained.optim.nullspace`, "the host path") runs the m x m
+The host path of the optimizers (:mod:`~lit_constrained.optim.linalg`, "the host path") runs the m x m
 algebra in NumPy/SciPy, whose OpenBLAS starts one thread per core regardless of ``torch.set_num_threads``.
 On a shared machine those threads spin against each other and against torch's: the pivoted Cholesky
 factor of a 1 000 x 1 000 Gram took 640-1 510 ms with OpenBLAS's default threads against 72-118 ms on one

@@ -10,7 +10,7 @@ parameters :math:`\theta` is a stack of per-point Jacobians,
     \end{pmatrix} \in \mathbb{R}^{N k \times n},
 
 each the Jacobian of ONE small evaluation, so J costs O(N) evaluations and backward passes of one
-point. The general autograd Jacobian (:func:`~lit_constrained.optim.jacobian.constraint_jacobian`)
+point. The general autograd Jacobian (:func:`~lit_constrained.jacobians.batched.constraint_jacobian`)
 instead runs one backward of the whole graph of c per row: O(m^2).
 
 Two paths, chosen per residual and remembered (:class:`PointwiseJacobian`):
@@ -45,8 +45,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
-from .flat import block_sizes, numel_real, real_view
-from .jacobian import _parameter_names, _row_range, constraint_jacobian
+from .batched import _parameter_names, _row_range, constraint_jacobian
+from .columns import block_sizes, numel_real, real_view
 
 __all__ = ["PointwiseJacobian", "PointwisePath", "chunk_points", "pointwise_jacobian"]
 
@@ -146,7 +146,7 @@ def _autograd_rows(
     params: Sequence[Tensor], residual: Residual, points: Tensor, width: int, out: Tensor, chunk: int
 ) -> None:
     """The ``"autograd"`` path: each chunk of points evaluated as an ordinary batch (its own graph),
-    its rows by :func:`~lit_constrained.optim.jacobian.constraint_jacobian` (one batched backward)."""
+    its rows by :func:`~lit_constrained.jacobians.batched.constraint_jacobian` (one batched backward)."""
     for start in range(0, points.shape[0], chunk):
         x = points[start:start + chunk]
         with torch.enable_grad():
