@@ -16,7 +16,9 @@ Two layouts of the constraints over W ranks (a module's ``constraints_shared`` s
   mean all-reduce) would impose one weaker constraint on a mixture of points.
 
 In both layouts the objective value travels in the same buffer and is averaged (as DDP averages the
-gradient), so the whole exchange is ONE collective per step: :func:`gather_step`.
+gradient), so the whole exchange is ONE collective per step: :func:`gather_step`, which
+:func:`reduce_step` calls in either layout (with shared constraints it also says whether every rank
+computed the same c).
 """
 
 from __future__ import annotations
@@ -107,6 +109,47 @@ def gather_step(
         block = gathered[:, offset:offset + J_width * n].reshape(world_size, J_width, n)
         J = torch.cat([block[r, :jacobian_counts[r]] for r in range(world_size)]).to(jacobian.dtype)
     return GatheredStep(f_mean, c, J)
+
+
+def reduce_step(
+    all_gather: AllGather, world_size: int, shared: bool, f: Tensor, c: Tensor | None, J: Tensor | None
+) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """ONE collective per step (none on one process): an all-gather of [f, c, J rows].
+
+    Returns f as the rank mean (as DDP averages the gradient), c and J assembled from the ranks'
+    rows (identical on every rank), and, when the constraints are ``shared``, a 0-dim bool tensor
+    saying whether every rank computed the same c (to round-off): each rank sends its whole c
+    (m numbers) with its slice of J, so a task whose constraints differ per rank while
+    ``constraints_shared`` is True fails loudly instead of mixing rows of different points.
+    ``f`` is the loss, penalty included.
+    """
+    f = f.detach()
+    c = None if c is None else c.detach()
+    J = None if J is None else J.detach()
+    if world_size == 1:
+        return f, c, J, None
+    m = 0 if c is None else c.numel()
+    if shared:
+        # every rank sends its whole c (m numbers) and its slice of J
+        out = gather_step(all_gather, world_size, f, c, [m] * world_size, J, row_counts(m, world_size))
+        if out.constraints is None:
+            return out.objective, None, out.jacobian, None
+        ranks_c = out.constraints.reshape(world_size, m)
+        return out.objective, ranks_c[0], out.jacobian, _same_on_every_rank(ranks_c)
+    out = gather_step(all_gather, world_size, f, c, [m] * world_size, J, [m] * world_size)
+    return out.objective, out.constraints, out.jacobian, None
+
+
+def _same_on_every_rank(ranks_c: Tensor) -> Tensor:
+    """0-dim bool tensor (no host sync): every row of ``ranks_c`` (W, m) equals row 0 to round-off
+    (relative tolerance sqrt(eps) of the dtype: replicas computing the same c differ at most by the
+    kernels' round-off; NaNs are left to the finiteness check)."""
+    if ranks_c.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=ranks_c.device)
+    tol = torch.finfo(ranks_c.dtype).eps ** 0.5 if ranks_c.is_floating_point() else 0.0
+    reference = ranks_c[0]
+    gap = (ranks_c - reference).abs().amax()
+    return ~(gap > tol * (1.0 + reference.abs().amax()))
 
 
 def _pad_rows(rows: Tensor, width: int) -> Tensor:

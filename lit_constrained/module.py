@@ -1,68 +1,38 @@
-"""ConstrainedModule: the LightningModule an informed-learning task subclasses.
-
-It keeps what a task declares (:meth:`~ConstrainedModule.objective`, :meth:`~ConstrainedModule.constraints`
-or :meth:`~ConstrainedModule.imposed`, the Jacobian choice, the optimizer and scheduler) and the Lightning
-hooks, each of which hands its work to one piece:
-
-* the step: :class:`~lit_constrained.stepping.TrainingStepper`, given this module (the task) and the
-  :class:`~lit_constrained.stepping.StepServices` built from Lightning (the LightningOptimizer's step,
-  ``manual_backward``, ``clip_gradients`` by norm for ``max_grad_norm``, the strategy's all-gather, rank,
-  world size);
-* what is logged: :mod:`~lit_constrained.module_parts.step_logging` (a training step),
-  :mod:`~lit_constrained.module_parts.evaluation` (a validation/test batch),
-  :mod:`~lit_constrained.module_parts.tensorboard` (the HParams and Custom Scalars summaries, figures);
-* :mod:`~lit_constrained.module_parts.validation_pass` (the validation at the initial weights, step 0);
-* :mod:`~lit_constrained.module_parts.trainer_checks` (settings that cannot work, found before step 1);
-* :mod:`~lit_constrained.module_parts.schedulers`: manual optimization leaves the LR schedulers to the
-  module: a ``ReduceLROnPlateau`` at the end of every validation during fit, with the validation metric
-  ``lr_scheduler_monitor`` (default ``Objective/val``; missing: an error listing the logged metrics),
-  every other scheduler after every optimizer step that was not skipped;
-* :mod:`~lit_constrained.module_parts.checkpoint_trust` (finite weights written, trusted class paths read);
-* the callbacks every Trainer gets (:meth:`~ConstrainedModule.configure_callbacks`).
-"""
+"""ConstrainedModule: what an informed-learning task declares, and the Lightning hooks' wiring: each hook
+hands its work to the step (:class:`~lit_constrained.stepping.TrainingStepper`) or to one module of
+:mod:`lit_constrained.module_parts` (its docstring lists them, one concern each)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.optim import Optimizer
 
 from .batch import cast_floats
-from .class_spec import SpecFactory, as_class_spec
-from .hints import add_hint, unexpected_keyword
-from .imposed import (
-    Imposed, PartLayout, check_parts, concatenate_parts, imposed_values, layout_signs, part_layout, sense_signs,
+from .class_spec import SpecFactory
+from .imposed import Imposed, PartLayout
+from .jacobians import PointwiseJacobian, constraint_jacobian
+from .module_parts import (
+    checkpoint_trust, declarations, evaluation, imposed_rows, schedulers, step_logging, step_services, tensorboard,
+    trainer_checks, validation_pass,
 )
-from .module_parts import checkpoint_trust, schedulers, trainer_checks
-from .module_parts.evaluation import log_evaluation_step, measures_residual
-from .module_parts.optimizer_arguments import optimizer_argument_hint
-from .module_parts.step_logging import DiagnosticCharts, is_logging_step, log_training_step, step_index
-from .module_parts.tags import OBJECTIVE, headline_tags, scalar_layout, tag
-from .module_parts.tensorboard import (
-    drop_hp_metric_placeholder, log_figure, run_hparams, tensorboard_writers, write_summary,
-)
+from .module_parts.declarations import JacobianMethod
+from .module_parts.optimizer_specs import build_optimizer, given_factories
+from .module_parts.tags import OBJECTIVE, tag
 from .module_parts.trainer_checks import SHARDING_STRATEGIES, requested_precision
-from .module_parts.validation_pass import validate_at_start
 from .module_parts.varying import VARYING_SCALARS_KEY
-from .jacobians import constraint_jacobian
-from .jacobians import PointwiseJacobian
 from .stepping import NonFinitePolicy, StepResult, StepServices, TrainingStepper
 
 __all__ = [
     "DEFAULT_OPTIMIZER", "SHARDING_STRATEGIES", "VARYING_SCALARS_KEY", "ConstrainedModule", "JacobianMethod",
     "default_optimizer", "requested_precision",
 ]
-
-JacobianMethod = Literal["auto", "pointwise", "batched", "loop"]
-"""How :meth:`ConstrainedModule.constraint_jacobian` differentiates c (see its ``jacobian_method``)."""
 
 DEFAULT_OPTIMIZER: dict[str, Any] = {"class_path": "lit_constrained.optim.SQPAdam", "init_args": {}}
 """The optimizer when none is given: SQP-Adam with the class's defaults (lr = 1e-3, the full normal
@@ -79,7 +49,7 @@ def default_optimizer(params: Iterable) -> Optimizer:
     return SpecFactory(DEFAULT_OPTIMIZER)(params)
 
 
-class ConstrainedModule(pl.LightningModule, ABC):
+class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC):
     """Base class of a task trained with hard equality constraints.
 
     A task implements :meth:`objective` (what is minimized) and :meth:`constraints` (the residuals
@@ -100,8 +70,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
 
     Training uses manual optimization: the step is :class:`~lit_constrained.stepping.TrainingStepper`,
     which sees this module only as a :class:`~lit_constrained.stepping.ConstrainedTask` and the
-    Trainer only through the :class:`~lit_constrained.stepping.StepServices` the module hands it
-    (optimizer, ``manual_backward``, ``clip_gradients``, the strategy's all-gather, ...).
+    Trainer only through the :class:`~lit_constrained.stepping.StepServices` of :meth:`step_services`.
     Any optimizer of :mod:`lit_constrained.optim` or :mod:`torch.optim` works. This base class calls
     ``save_hyperparameters()`` (it also captures the subclass's init arguments), so
     ``load_from_checkpoint`` rebuilds the task and its optimizer.
@@ -135,7 +104,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
             ``"auto"`` (default): ``"pointwise"`` when the task declares :meth:`imposed` (and keeps
             the default :meth:`constraints`), else the general autograd Jacobian (its own ``"auto"``:
             batched, falling back to the row loop). ``"pointwise"``: the per-point engine over the
-            imposed parts (:mod:`lit_constrained.optim.pointwise`: linear in m). ``"batched"`` /
+            imposed parts (:mod:`lit_constrained.jacobians.pointwise`: linear in m). ``"batched"`` /
             ``"loop"``: the general autograd Jacobian of any c (O(m^2) for per-point constraints;
             the path for coupled constraints, whose rows depend on many points).
         num_threads: ``torch.set_num_threads`` at setup (small problems run faster on 1 thread).
@@ -155,31 +124,22 @@ class ConstrainedModule(pl.LightningModule, ABC):
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
-        optimizer_spec = DEFAULT_OPTIMIZER if optimizer is default_optimizer else as_class_spec(optimizer, "optimizer")
-        if optimizer_spec is None:
-            raise TypeError("optimizer=None: pass an optimizer class (or leave the default SQP-Adam).")
-        lr_scheduler_spec = as_class_spec(lr_scheduler, "lr_scheduler")
-        self.optimizer_factory = optimizer if callable(optimizer) else SpecFactory(optimizer_spec)
-        self.lr_scheduler_factory = (
-            None if lr_scheduler is None else lr_scheduler if callable(lr_scheduler) else SpecFactory(lr_scheduler_spec)
+        specs, self.optimizer_factory, self.lr_scheduler_factory = given_factories(
+            optimizer, lr_scheduler, default_optimizer, DEFAULT_OPTIMIZER
         )
         self.save_hyperparameters()
         # the hyper-parameters (checkpoint, logger) hold the plain specs, never the callables: a second
         # call with a dict updates both hparams and hparams_initial, keeping the keys' order
-        self.save_hyperparameters({"optimizer": optimizer_spec, "lr_scheduler": lr_scheduler_spec})
-        if jacobian_method not in ("auto", "pointwise", "batched", "loop"):
-            raise ValueError(
-                f"jacobian_method must be 'auto', 'pointwise', 'batched' or 'loop', got {jacobian_method!r}."
-            )
-        self.jacobian_method = jacobian_method
+        self.save_hyperparameters(specs)
+        self.jacobian_method = declarations.checked_jacobian_method(jacobian_method)
         self.pointwise_jacobian = PointwiseJacobian()
         """The per-point Jacobian engine (remembers per residual whether it runs under torch.func)."""
-        self._imposed_layout: tuple[PartLayout, ...] | None = None
+        self._imposed_rows = imposed_rows.ImposedRows()
         self.num_threads = num_threads
         self.lr_scheduler_monitor = tag(OBJECTIVE, "val") if lr_scheduler_monitor is None else lr_scheduler_monitor
         self.stepper = TrainingStepper(penalty_weight, on_nonfinite, max_grad_norm, max_consecutive_skips)
         self.last_step: StepResult | None = None
-        self.diagnostic_charts = DiagnosticCharts()
+        self.diagnostic_charts = step_logging.DiagnosticCharts()
         """The ``optim/<name>`` charts (the diagnostics that vary; saved in checkpoints)."""
 
     # ----------------------------------------------------------------- what a task implements
@@ -205,12 +165,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
 
         Default: the parts of :meth:`imposed`, each ``residual(points)`` flattened row-major over
         (N, k), concatenated in order (None when it declares none)."""
-        parts = self.imposed(batch)
-        if parts is None:
-            return None
-        values = imposed_values(parts)
-        self._imposed_layout = part_layout(values, parts)
-        return concatenate_parts(values)
+        return self._imposed_rows.concatenate(self.imposed(batch))
 
     def constraint_senses(self, m: int) -> str | Sequence[str] | None:
         """The sense of the m rows of :meth:`constraints`, for a task that overrides it without
@@ -225,19 +180,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
         ``">="``; None when every row is an equality): :meth:`constraint_senses`, else the imposed
         parts' senses (:func:`~lit_constrained.imposed.layout_signs`). The same tensor while the senses
         stay the same (the step caches its split of the rows by it)."""
-        senses = self.constraint_senses(m)
-        if senses is not None:
-            key: Any = ("senses", senses if isinstance(senses, str) else tuple(senses), m)
-        else:
-            layout = self._imposed_layout
-            if layout is None or sum(part.size for part in layout) != m:
-                return None
-            key = ("layout", layout)
-        cached = getattr(self, "_signs_cache", None)
-        if cached is None or cached[0] != key:
-            signs = sense_signs(key[1], m) if senses is not None else layout_signs(key[1])
-            self._signs_cache = cached = (key, signs)
-        return cached[1]
+        return self._imposed_rows.signs(self.constraint_senses(m), m)
 
     def validation_constraints(self, batch: Any) -> Tensor | None:
         """Residuals reported at validation/test (default: the training constraints).
@@ -281,80 +224,27 @@ class ConstrainedModule(pl.LightningModule, ABC):
         Jacobian, honouring ``rows`` (an override without a ``rows`` argument still works: its full
         J is then sliced, so each rank repeats all m rows).
         """
-        if self._uses_pointwise_jacobian():
-            return self._imposed_jacobian(batch, constraints, params, rows)
+        if declarations.uses_pointwise_jacobian(self, ConstrainedModule):
+            return self._imposed_rows.jacobian(self, batch, constraints, params, rows)
         return constraint_jacobian(constraints, params, method=self.jacobian_method, rows=rows)
-
-    def _declares_imposed(self) -> bool:
-        return type(self).imposed is not ConstrainedModule.imposed
-
-    def _uses_pointwise_jacobian(self) -> bool:
-        """``"pointwise"``, or ``"auto"`` with :meth:`imposed` declared and the default constraints."""
-        if self.jacobian_method == "pointwise":
-            if not self._declares_imposed():
-                raise ValueError(
-                    f"jacobian_method='pointwise' needs {type(self).__name__}.imposed() (the per-point parts to "
-                    "differentiate); declare it, or use jacobian_method='auto'."
-                )
-            return True
-        return (self.jacobian_method == "auto" and self._declares_imposed()
-                and type(self).constraints is ConstrainedModule.constraints)
-
-    def _imposed_jacobian(
-        self, batch: Any, constraints: Tensor, params: Sequence[Tensor], rows: slice | None
-    ) -> Tensor:
-        """J of the imposed parts by the per-point engine, in the dtype of ``constraints``."""
-        parts = self.imposed(batch)
-        if parts is None:
-            raise ValueError(f"{type(self).__name__}.imposed() returned None, but constraints() returned a tensor.")
-        check_parts(parts)
-        layout = self._imposed_layout
-        if layout is None or [p.name for p in layout] != list(parts) or sum(p.size for p in layout) != constraints.numel():
-            layout = part_layout(imposed_values(parts), parts)  # constraints() was overridden: read the widths anew
-        if sum(p.size for p in layout) != constraints.numel():
-            raise ValueError(
-                f"{type(self).__name__}.constraints() has {constraints.numel()} entries but imposed() declares "
-                f"{sum(p.size for p in layout)}: with the pointwise Jacobian they must be the same residuals."
-            )
-        specs = [(part.residual, part.points, piece.width) for part, piece in zip(parts.values(), layout)]
-        return self.pointwise_jacobian(self, params, specs, rows=rows, dtype=constraints.dtype)
 
     @property
     def imposed_layout(self) -> tuple[PartLayout, ...] | None:
         """Name, offset and size of each part of :meth:`imposed` in the c of the last :meth:`constraints`
         call (None: no ``imposed()``, or not called yet); each part's max |c| is logged by it."""
-        return self._imposed_layout
-
-    def _has_constraints(self) -> bool:
-        return type(self).constraints is not ConstrainedModule.constraints or self._declares_imposed()
-
-    def _has_residual(self) -> bool:
-        """Whether validation_constraints() measures more than the imposed constraints."""
-        return measures_residual(self)
+        return self._imposed_rows.layout
 
     # ----------------------------------------------------------------- Lightning hooks
     def setup(self, stage: str) -> None:
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
         if stage == "fit":
-            self._check_trainer(self.trainer)
-
-    def _check_trainer(self, trainer: Any) -> None:
-        """Reject Trainer settings that cannot work (:func:`~lit_constrained.module_parts.trainer_checks.check_trainer`)."""
-        trainer_checks.check_trainer(trainer, type(self).__name__)
+            trainer_checks.check_trainer(self.trainer, type(self).__name__)
 
     def configure_optimizers(self) -> Any:
         """The optimizer, and the LR scheduler if one is set
         (:func:`~lit_constrained.module_parts.schedulers.optimizer_config` says when each steps)."""
-        try:
-            optimizer = self.optimizer_factory(self.parameters())
-        except TypeError as error:
-            argument, spec = unexpected_keyword(error), self.hparams.get("optimizer") or {}
-            if argument is None or not spec.get("class_path"):
-                raise
-            from .class_spec import import_class
-
-            raise add_hint(error, optimizer_argument_hint(import_class(spec["class_path"]), argument))
+        optimizer = build_optimizer(self.optimizer_factory, self.parameters(), self.hparams.get("optimizer"))
         scheduler = None if self.lr_scheduler_factory is None else self.lr_scheduler_factory(optimizer)
         return schedulers.optimizer_config(optimizer, scheduler)
 
@@ -367,42 +257,29 @@ class ConstrainedModule(pl.LightningModule, ABC):
     #: validate once before the first update (logged at step 0), so val curves start where train does
     validate_at_start: bool = True
 
-    def _step_index(self) -> int:
-        """s, the number of training batches before this one: the x value Lightning gives the values
-        logged in this training step (:func:`~lit_constrained.module_parts.step_logging.step_index`)."""
-        return step_index(self.trainer)
-
     def is_logging_step(self) -> bool:
         """Whether the logger writes this batch's values (Lightning's ``log_every_n_steps`` cadence).
 
         Step diagnostics and the progress-bar values are made only on these steps: reading a tensor's
         value on the host (``float(t)``) waits for the device."""
-        return is_logging_step(self.trainer)
+        return step_logging.is_logging_step(self.trainer)
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
         from .callbacks.lipschitz import LipschitzEstimator
 
-        if not any(isinstance(callback, LipschitzEstimator) for callback in self.trainer.callbacks):
-            trainer_checks.check_lr_is_set(self.optimizers().optimizer, "which this Trainer does not have")
-        drop_hp_metric_placeholder(self.trainer)  # the module writes real HParams metrics (on_train_start)
+        trainer_checks.check_lr_setter(self.trainer, self.optimizers().optimizer, LipschitzEstimator)
+        tensorboard.drop_hp_metric_placeholder(self.trainer)  # the module writes the HParams metrics (on_train_start)
         self.diagnostic_charts.start()
 
     def on_train_start(self) -> None:
         super().on_train_start()
-        trainer = self.trainer
         optimizer = self.optimizers().optimizer
-        configs = trainer.lr_scheduler_configs
-        scheduler = configs[0].scheduler if configs else None
-        has_constraints, has_residual = self._has_constraints(), self._has_residual()
-        trainer_checks.check_training_start(trainer, optimizer, scheduler, has_constraints, self.stepper.penalty_weight)
-        write_summary(
-            trainer,
-            run_hparams(self, optimizer, scheduler),
-            headline_tags(has_constraints, has_residual),
-            scalar_layout(has_constraints, has_residual),
-        )
-        if trainer.global_step == 0 and self.validate_at_start and validate_at_start(self):
+        scheduler = next(iter(schedulers.schedulers(self.trainer)), None)
+        constrained = declarations.has_constraints(self, ConstrainedModule)
+        trainer_checks.check_training_start(self.trainer, optimizer, scheduler, constrained, self.stepper.penalty_weight)
+        tensorboard.write_run_summary(self, optimizer, scheduler, constrained, evaluation.measures_residual(self))
+        if self.trainer.global_step == 0 and self.validate_at_start and validation_pass.validate_at_start(self):
             self._log_prediction_figure(step=0)
 
     cast_batch_to_dtype: bool = False
@@ -418,27 +295,7 @@ class ConstrainedModule(pl.LightningModule, ABC):
 
     def step_services(self) -> StepServices:
         """What the step owner gets from Lightning for this step (:class:`~lit_constrained.stepping.StepServices`)."""
-        opt = self.optimizers()
-        if isinstance(opt, list):
-            raise ValueError("ConstrainedModule trains with exactly one optimizer.")
-        trainer = self.trainer
-
-        def clip(max_norm: float) -> None:
-            self.clip_gradients(opt, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
-
-        return StepServices(
-            optimizer=opt.optimizer,
-            optimizer_step=opt.step,  # the LightningOptimizer's: it advances global_step
-            backward=self.manual_backward,
-            clip_gradients=clip,
-            all_gather=trainer.strategy.all_gather,
-            world_size=trainer.world_size,
-            rank=trainer.global_rank,
-            step_index=trainer.global_step,
-            diagnostics=self.is_logging_step(),
-            device=self.device,
-            report=self.print,
-        )
+        return step_services.lightning_step_services(self)
 
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
         result = self.stepper.step(self, batch, self.step_services())
@@ -450,30 +307,24 @@ class ConstrainedModule(pl.LightningModule, ABC):
 
     def _log_step(self, result: StepResult) -> None:
         """Log the step (:func:`~lit_constrained.module_parts.step_logging.log_training_step`)."""
-        log_training_step(self, result, self._imposed_layout, self.diagnostic_charts)
+        step_logging.log_training_step(self, result, self.imposed_layout, self.diagnostic_charts)
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
-        return log_evaluation_step(self, batch, "val")
+        return evaluation.log_evaluation_step(self, batch, "val")
 
     def test_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
-        return log_evaluation_step(self, batch, "test")
+        return evaluation.log_evaluation_step(self, batch, "test")
 
     def on_validation_epoch_end(self) -> None:
         super().on_validation_epoch_end()
         if not self.trainer.sanity_checking:
-            self._log_prediction_figure(step=self._step_index())
+            self._log_prediction_figure(step=step_logging.step_index(self.trainer))
 
     def _log_prediction_figure(self, step: int) -> None:
         """The task's :meth:`prediction_figure` as the ``prediction`` image at ``step`` (TensorBoard only)."""
-        if not tensorboard_writers(self.trainer):
-            return
         from .callbacks.figure_memory import figure_memory_freed
 
-        with figure_memory_freed():  # the figure's reference cycles freed now, not at a full collection
-            figure = self.prediction_figure()
-            if figure is not None:
-                log_figure(self.trainer, figure, step)
-            del figure
+        tensorboard.log_prediction_figure(self.trainer, self.prediction_figure, step, figure_memory_freed)
 
     def on_fit_end(self) -> None:
         super().on_fit_end()
@@ -485,47 +336,10 @@ class ConstrainedModule(pl.LightningModule, ABC):
         the run-health warnings (:class:`~lit_constrained.callbacks.health.RunHealth`) and hashed, verified
         checkpoints (:class:`~lit_constrained.callbacks.integrity.CheckpointIntegrity`), the ``Log10/<tag>``
         curves TensorBoard opens on (:class:`~lit_constrained.callbacks.log10.Log10Headlines`)."""
-        trainer = trainer_checks.attached_trainer(self)
-        if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
-            # Lightning rejects gradient_clip_val and accumulate_grad_batches under manual optimization
-            # right after this hook, before setup(), with "switch to automatic optimization": checked
-            # here first, so that the message names the module's own setting (max_grad_norm)
-            self._check_trainer(trainer)
-        from .callbacks.health import RunHealth
-        from .callbacks.integrity import CheckpointIntegrity
-        from .callbacks.log10 import Log10Headlines
-        from .callbacks.summary import FitSummary
+        trainer_checks.check_fitting_trainer(self)
+        from .callbacks import health, integrity, log10, summary
 
-        return [FitSummary(), RunHealth(), CheckpointIntegrity(), Log10Headlines()]
-
-    @classmethod
-    def load_from_checkpoint(  # type: ignore[override]
-        cls,
-        checkpoint_path: str | Path | IO,
-        map_location: Any = None,
-        hparams_file: str | Path | None = None,
-        strict: bool | None = None,
-        weights_only: bool | None = None,
-        trusted_modules: Iterable[str] = (),
-        **kwargs: Any,
-    ) -> Any:
-        """Lightning's ``load_from_checkpoint``, refusing class paths from untrusted modules.
-
-        The hyper-parameters hold the optimizer (and a LightningCLI run's classes) as class paths;
-        rebuilding the module imports them, and importing a module runs its code. So each class path is
-        checked first, from a ``weights_only=True`` read: it must lie in ``lit_constrained``, ``torch``,
-        ``lightning``, this task's own module, or one of ``trusted_modules``; otherwise
-        :class:`~lit_constrained.class_spec.UntrustedClassPathError` is raised and nothing is imported
-        (:mod:`~lit_constrained.module_parts.checkpoint_trust`). Loads with ``weights_only=True`` (torch's
-        safe default; everything the package saves is plain data). An explicit ``weights_only=False``
-        runs pickle code anyway and skips the check.
-        """
-        if weights_only is not False:
-            checkpoint_path = checkpoint_trust.check_before_loading(checkpoint_path, cls, trusted_modules)
-        return super().load_from_checkpoint(
-            checkpoint_path, map_location=map_location, hparams_file=hparams_file, strict=strict,
-            weights_only=weights_only, **kwargs,
-        )
+        return [summary.FitSummary(), health.RunHealth(), integrity.CheckpointIntegrity(), log10.Log10Headlines()]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.diagnostic_charts.restore(checkpoint)

@@ -21,7 +21,7 @@ Its step:
    slice of the rows (:func:`~lit_constrained.distributed.row_slice`);
 4. ``backward(f)`` (DDP averages the gradient); clip its norm if ``max_grad_norm`` is set
    (``services.clip_gradients``: Lightning's ``clip_gradients``, by norm);
-5. ONE all-gather of [f, c, J rows] (:func:`~lit_constrained.distributed.gather_step`): f becomes
+5. ONE all-gather of [f, c, J rows] (:func:`~lit_constrained.distributed.reduce_step`): f becomes
    the rank mean, J is assembled from the slices (shared) or the ranks' rows are stacked (per-rank
    constraints: the union, W m rows). All ranks then step with the same f, c, J: MoMo's step size
    and the SQP projection are identical on every replica, which therefore never drift apart. One
@@ -59,7 +59,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from .distributed import AllGather, gather_step, row_counts, row_slice
+from .distributed import AllGather, reduce_step, row_slice
 from .hints import DERIVATIVE_FIX, add_hint, describe_batch, is_derivative_without_graph
 from .imposed import SenseRows, violated_part
 from .optim.checks import check_constraints, check_objective, count_nonfinite
@@ -158,18 +158,6 @@ _INCONSISTENT = (
 )
 
 
-def _same_on_every_rank(ranks_c: Tensor) -> Tensor:
-    """0-dim bool tensor (no host sync): every row of ``ranks_c`` (W, m) equals row 0 to round-off
-    (relative tolerance sqrt(eps) of the dtype: replicas computing the same c differ at most by the
-    kernels' round-off; NaNs are left to the finiteness check)."""
-    if ranks_c.numel() == 0:
-        return torch.ones((), dtype=torch.bool, device=ranks_c.device)
-    tol = torch.finfo(ranks_c.dtype).eps ** 0.5 if ranks_c.is_floating_point() else 0.0
-    reference = ranks_c[0]
-    gap = (ranks_c - reference).abs().amax()
-    return ~(gap > tol * (1.0 + reference.abs().amax()))
-
-
 _ACCEPTS: dict[tuple[type, str, str], bool] = {}
 
 
@@ -258,101 +246,140 @@ class TrainingStepper:
 
     def _step(self, task: ConstrainedTask, batch: Any, services: StepServices) -> StepResult:
         optimizer = services.optimizer
-        requires = getattr(optimizer, "requires", frozenset())
-        name = type(task).__name__
+        need_jacobian = "jacobian" in getattr(optimizer, "requires", frozenset())
         batch = task.prepare_batch(batch)
         if self.batch_description is None:
             self.batch_description = describe_batch(batch)
 
         optimizer.zero_grad()
-        f = check_objective(task.objective(batch), f"{name}.objective()")
-        need_jacobian = "jacobian" in requires
-        with constraint_precision(services.device):  # c and J in the parameters' dtype, even under AMP
-            c = check_constraints(task.constraints(batch), f"{name}.constraints()", self.num_constraints, need_jacobian)
-        self.num_constraints = 0 if c is None else c.numel()
-        signs = self._on_device(row_signs(task, self.num_constraints), f)
-        if signs is not None and need_jacobian and not getattr(optimizer, "accepts_inequalities", False):
-            raise ValueError(
-                f"{name} imposes inequality rows (sense '<=' or '>='), which {type(optimizer).__name__} cannot "
-                f"take: use {INEQUALITY_OPTIMIZERS} (or torch.optim.Adam to only monitor them)."
-            )
+        f, c, signs = self._evaluate(task, batch, services, need_jacobian)
         loss = f
         if self.penalty_weight > 0 and c is not None and c.numel():
             loss = f + self.penalty_weight * violated_part(c, signs).pow(2).mean()
-
         params = group_params(optimizer.param_groups)
-        rows = self._own_rows(task, services, 0 if c is None else c.numel())
-        J = None
-        if need_jacobian and c is not None:
-            with constraint_precision(services.device):
-                J = _jacobian_rows(task, batch, c, params, rows)
-            expected = (rows.stop - rows.start, numel_real(params))
-            if tuple(J.shape) != expected:
-                raise ValueError(
-                    f"{name}.constraint_jacobian() returned shape {tuple(J.shape)}, expected {expected} "
-                    f"(rows {rows.start}:{rows.stop} of the {c.numel()} constraints)."
-                )
+        J = self._jacobian(task, batch, c, params, services) if need_jacobian and c is not None else None
         services.backward(loss)
         if self.max_grad_norm is not None:
             if services.clip_gradients is None:
                 raise ValueError("max_grad_norm is set, but the step was given no clip_gradients service.")
             services.clip_gradients(self.max_grad_norm)
 
-        loss_mean, c_mean, J_mean, consistent = self._reduce(task, services, loss, c, J)
-        healthy = self._all_finite(loss_mean, c_mean, J_mean, params)
-        if consistent is not None:
-            healthy = healthy & consistent
-        if not bool(healthy) and not (  # the step's one host sync
-            (consistent is None or bool(consistent)) and self._entrywise_finite(loss_mean, c_mean, J_mean, params)
-        ):
-            if consistent is not None and not bool(consistent):
-                raise ValueError(_INCONSISTENT.format(name=name, step=services.step_index))
-            report = self._nonfinite_report(task, services.step_index, loss_mean, c_mean, J_mean, params)
-            if self.on_nonfinite == "raise":
-                raise FloatingPointError(
-                    f"{report} Lower the learning rate, check the data, or set on_nonfinite='skip' to skip "
-                    "such batches."
-                )
-            optimizer.zero_grad()
-            self.consecutive_skips += 1
-            if self.consecutive_skips >= self.max_consecutive_skips:
-                raise FloatingPointError(
-                    f"{report} {self.consecutive_skips} consecutive batches skipped (on_nonfinite='skip', "
-                    f"max_consecutive_skips={self.max_consecutive_skips}): the non-finite values persist, so "
-                    "skipping cannot recover. Lower the learning rate, check the data, or resume from an "
-                    "earlier checkpoint."
-                )
-            services.report(f"{report} Skipped ({self.consecutive_skips} in a row).")
-            return StepResult(loss_mean, violated_part(c_mean, signs) if c_mean is not None else None, skipped=True)
+        loss_mean, c_mean, J_mean, consistent = reduce_step(
+            services.all_gather, services.world_size, task.constraints_shared, loss, c, J
+        )
+        if not self._may_step(loss_mean, c_mean, J_mean, params, consistent):
+            return self._refuse_or_skip(task, services, loss_mean, c_mean, J_mean, params, consistent, signs)
         self.consecutive_skips = 0
         self._last_finite = (services.step_index, loss_mean, c_mean)
 
-        kwargs: dict[str, Any] = {}
         sense_rows = None if signs is None or c_mean is None else self._rows_of(signs, c_mean.numel())
-        g = None
-        if sense_rows is None:
-            if "constraints" in requires:
-                kwargs["constraints"] = c_mean
-            if need_jacobian:
-                kwargs["jacobian"] = J_mean
-        else:
-            c_eq, J_eq, g, G = sense_rows.split(c_mean, J_mean)
-            if "constraints" in requires:
-                kwargs["constraints"] = c_eq if sense_rows.m else None
-            if need_jacobian:
-                kwargs["jacobian"] = J_eq if sense_rows.m else None
-            if getattr(optimizer, "accepts_inequalities", False):
-                kwargs["inequalities"], kwargs["inequality_jacobian"] = g, G
-        if isinstance(getattr(optimizer, "diagnostics", None), dict):
-            # the package's optimizers compute their diagnostics only on the steps asked for
-            kwargs["diagnostics"] = bool(services.diagnostics)
-        if c is not None and c.numel() and _accepts(optimizer, "step", "constraint_closure"):
-            pair = getattr(optimizer, "accepts_inequalities", False)
-            kwargs["constraint_closure"] = self._constraint_closure(task, batch, services, sense_rows, pair)
+        kwargs, g = self._optimizer_arguments(task, batch, services, c, c_mean, J_mean, sense_rows)
         services.optimizer_step(closure=lambda: loss_mean, **kwargs)
         if sense_rows is None:
             return StepResult(loss_mean, c_mean)
         return StepResult(loss_mean, violated_part(c_mean, signs), inequalities=g)
+
+    def _evaluate(
+        self, task: ConstrainedTask, batch: Any, services: StepServices, need_jacobian: bool
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """f and c on ``batch``, checked (c in the parameters' dtype, even under AMP), and the signs of
+        c's rows on the step's device; inequality rows for an optimizer that cannot take them are
+        refused here, before any update."""
+        name = type(task).__name__
+        f = check_objective(task.objective(batch), f"{name}.objective()")
+        with constraint_precision(services.device):  # c and J in the parameters' dtype, even under AMP
+            c = check_constraints(task.constraints(batch), f"{name}.constraints()", self.num_constraints, need_jacobian)
+        self.num_constraints = 0 if c is None else c.numel()
+        signs = self._on_device(row_signs(task, self.num_constraints), f)
+        optimizer = services.optimizer
+        if signs is not None and need_jacobian and not getattr(optimizer, "accepts_inequalities", False):
+            raise ValueError(
+                f"{name} imposes inequality rows (sense '<=' or '>='), which {type(optimizer).__name__} cannot "
+                f"take: use {INEQUALITY_OPTIMIZERS} (or torch.optim.Adam to only monitor them)."
+            )
+        return f, c, signs
+
+    def _jacobian(
+        self, task: ConstrainedTask, batch: Any, c: Tensor, params: list[Tensor], services: StepServices
+    ) -> Tensor:
+        """This rank's rows of J (:meth:`_own_rows`), autocast off, checked for their shape."""
+        rows = self._own_rows(task, services, c.numel())
+        with constraint_precision(services.device):
+            J = _jacobian_rows(task, batch, c, params, rows)
+        expected = (rows.stop - rows.start, numel_real(params))
+        if tuple(J.shape) != expected:
+            raise ValueError(
+                f"{type(task).__name__}.constraint_jacobian() returned shape {tuple(J.shape)}, expected "
+                f"{expected} (rows {rows.start}:{rows.stop} of the {c.numel()} constraints)."
+            )
+        return J
+
+    def _may_step(
+        self, f: Tensor, c: Tensor | None, J: Tensor | None, params: list[Tensor], consistent: Tensor | None
+    ) -> bool:
+        """Whether f, c, J and the gradients are finite and (shared constraints) c is the same on every
+        rank: ONE host read of the fused flag (:meth:`_all_finite`); only when it fails, the entrywise
+        check (a sum that overflowed reads as not finite), with its own reads."""
+        healthy = self._all_finite(f, c, J, params)
+        if consistent is not None:
+            healthy = healthy & consistent
+        if bool(healthy):  # the step's one host sync
+            return True
+        return (consistent is None or bool(consistent)) and self._entrywise_finite(f, c, J, params)
+
+    def _refuse_or_skip(
+        self, task: ConstrainedTask, services: StepServices, f: Tensor, c: Tensor | None, J: Tensor | None,
+        params: list[Tensor], consistent: Tensor | None, signs: Tensor | None,
+    ) -> StepResult:
+        """A step that may not update: an error for constraints that differ across ranks, or by
+        ``on_nonfinite`` for a non-finite value (``"skip"``: the batch is skipped, until
+        ``max_consecutive_skips`` in a row)."""
+        if consistent is not None and not bool(consistent):
+            raise ValueError(_INCONSISTENT.format(name=type(task).__name__, step=services.step_index))
+        report = self._nonfinite_report(task, services.step_index, f, c, J, params)
+        if self.on_nonfinite == "raise":
+            raise FloatingPointError(
+                f"{report} Lower the learning rate, check the data, or set on_nonfinite='skip' to skip "
+                "such batches."
+            )
+        services.optimizer.zero_grad()
+        self.consecutive_skips += 1
+        if self.consecutive_skips >= self.max_consecutive_skips:
+            raise FloatingPointError(
+                f"{report} {self.consecutive_skips} consecutive batches skipped (on_nonfinite='skip', "
+                f"max_consecutive_skips={self.max_consecutive_skips}): the non-finite values persist, so "
+                "skipping cannot recover. Lower the learning rate, check the data, or resume from an "
+                "earlier checkpoint."
+            )
+        services.report(f"{report} Skipped ({self.consecutive_skips} in a row).")
+        return StepResult(f, violated_part(c, signs) if c is not None else None, skipped=True)
+
+    def _optimizer_arguments(
+        self, task: ConstrainedTask, batch: Any, services: StepServices, c: Tensor | None, c_mean: Tensor | None,
+        J_mean: Tensor | None, sense_rows: SenseRows | None,
+    ) -> tuple[dict[str, Any], Tensor | None]:
+        """The keyword arguments of ``optimizer_step`` by what the optimizer requires and takes (c and J,
+        or with ``sense_rows`` the equality rows and g, G; ``diagnostics``; the ``constraint_closure``),
+        and g (None without inequality rows)."""
+        optimizer = services.optimizer
+        requires = getattr(optimizer, "requires", frozenset())
+        takes_inequalities = getattr(optimizer, "accepts_inequalities", False)
+        kwargs: dict[str, Any] = {}
+        c_eq, J_eq, g, G = (c_mean, J_mean, None, None) if sense_rows is None else sense_rows.split(c_mean, J_mean)
+        if sense_rows is not None and not sense_rows.m:
+            c_eq = J_eq = None
+        if "constraints" in requires:
+            kwargs["constraints"] = c_eq
+        if "jacobian" in requires:
+            kwargs["jacobian"] = J_eq
+        if sense_rows is not None and takes_inequalities:
+            kwargs["inequalities"], kwargs["inequality_jacobian"] = g, G
+        if isinstance(getattr(optimizer, "diagnostics", None), dict):
+            # the package's optimizers compute their diagnostics only on the steps asked for
+            kwargs["diagnostics"] = bool(services.diagnostics)
+        if c is not None and c.numel() and _accepts(optimizer, "step", "constraint_closure"):
+            kwargs["constraint_closure"] = self._constraint_closure(task, batch, services, sense_rows, takes_inequalities)
+        return kwargs, g
 
     def _on_device(self, signs: Tensor | None, like: Tensor) -> Tensor | None:
         """The task's signs on the step's device, copied once while the task returns the same tensor (a
@@ -408,36 +435,6 @@ class TrainingStepper:
         if services.world_size > 1 and task.constraints_shared:
             return row_slice(m, services.world_size, services.rank)
         return slice(0, m)
-
-    @staticmethod
-    def _reduce(
-        task: ConstrainedTask, services: StepServices, f: Tensor, c: Tensor | None, J: Tensor | None
-    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
-        """ONE collective per step (none on one process): an all-gather of [f, c, J rows].
-
-        Returns f as the rank mean (as DDP averages the gradient), c and J assembled from the ranks'
-        rows (identical on every rank), and, when the constraints are shared, a 0-dim bool tensor
-        saying whether every rank computed the same c (to round-off): each rank sends its whole c
-        (m numbers) with its slice of J, so a task whose constraints differ per rank while
-        ``constraints_shared`` is True fails loudly instead of mixing rows of different points.
-        ``f`` is the loss, penalty included. See :mod:`lit_constrained.distributed`.
-        """
-        f = f.detach()
-        c = None if c is None else c.detach()
-        J = None if J is None else J.detach()
-        world_size = services.world_size
-        if world_size == 1:
-            return f, c, J, None
-        m = 0 if c is None else c.numel()
-        if task.constraints_shared:
-            # every rank sends its whole c (m numbers) and its slice of J
-            out = gather_step(services.all_gather, world_size, f, c, [m] * world_size, J, row_counts(m, world_size))
-            if out.constraints is None:
-                return out.objective, None, out.jacobian, None
-            ranks_c = out.constraints.reshape(world_size, m)
-            return out.objective, ranks_c[0], out.jacobian, _same_on_every_rank(ranks_c)
-        out = gather_step(services.all_gather, world_size, f, c, [m] * world_size, J, [m] * world_size)
-        return out.objective, out.constraints, out.jacobian, None
 
     @staticmethod
     def _all_finite(f: Tensor, c: Tensor | None, J: Tensor | None, params: list[Tensor]) -> Tensor:

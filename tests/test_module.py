@@ -13,6 +13,7 @@ import torch
 from tests.helpers.lightning import quiet_trainer  # noqa: E402
 
 from lit_constrained.module import ConstrainedModule  # noqa: E402
+from lit_constrained.module_parts.declarations import has_constraints  # noqa: E402
 from lit_constrained.optim import AdamCon, SQPAdam, SQPHeavyBall  # noqa: E402
 from lit_constrained.tasks.curve import CurveData, CurveFit  # noqa: E402
 
@@ -131,41 +132,6 @@ def test_unsupported_trainer_settings_fail_at_setup(trainer_kwargs, message):
     # Lightning's own check (MisconfigurationException) may fire before the module's setup check
     with pytest.raises(Exception, match=message):
         quiet_trainer(max_steps=1, **trainer_kwargs).fit(model, CurveData(num_samples=4, batch_size=4))
-
-
-@pytest.mark.parametrize("precision", ["16-mixed", "16-true"])
-def test_fp16_precision_is_rejected(precision):
-    # on a CPU, Lightning itself turns 16-mixed into bf16; on a GPU the module's check is what fires
-    from types import SimpleNamespace
-
-    model = CurveFit()
-    fake = SimpleNamespace(precision=precision, strategy=object(), gradient_clip_val=None, accumulate_grad_batches=1)
-    with pytest.raises(ValueError, match="bf16-mixed"):
-        model._check_trainer(fake)
-
-
-def _trainer_with(strategy: Any) -> Any:
-    from types import SimpleNamespace
-
-    return SimpleNamespace(precision="32-true", strategy=strategy, gradient_clip_val=None, accumulate_grad_batches=1)
-
-
-def test_sharding_strategies_are_rejected_by_class():
-    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
-
-    # DeepSpeedStrategy() needs deepspeed installed: an instance without __init__ is still one
-    for strategy in (FSDPStrategy(), ModelParallelStrategy(), object.__new__(DeepSpeedStrategy)):
-        with pytest.raises(ValueError, match=rf"strategy {type(strategy).__name__} .*strategy='ddp'"):
-            CurveFit()._check_trainer(_trainer_with(strategy))
-
-
-def test_a_user_strategy_with_a_sharding_name_is_not_rejected():
-    from lightning.pytorch.strategies import SingleDeviceStrategy
-
-    MyFSDPish = type("MyFSDPish", (SingleDeviceStrategy,), {})
-    DeepSpeedLike = type("DeepSpeedLike", (), {})
-    for strategy in (MyFSDPish(device=torch.device("cpu")), DeepSpeedLike()):
-        CurveFit()._check_trainer(_trainer_with(strategy))  # no error
 
 
 @pytest.mark.parametrize(
@@ -400,7 +366,7 @@ def test_imposed_parts_give_the_default_constraints_and_a_pointwise_jacobian():
     J = model.constraint_jacobian(None, c, params, rows=slice(2, 9))  # jacobian_method="auto"
     assert set(model.pointwise_jacobian.paths.values()) == {"func"}  # auto chose the per-point engine
     torch.testing.assert_close(J, constraint_jacobian(c, params, method="loop")[2:9], rtol=1e-5, atol=1e-6)
-    assert model._has_constraints()
+    assert has_constraints(model, ConstrainedModule)
 
 
 def test_imposed_part_violations_are_logged_per_part_at_train_and_val():

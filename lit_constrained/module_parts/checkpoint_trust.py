@@ -7,6 +7,7 @@ code. So before Lightning reads the file, :func:`check_before_loading` reads it 
 and checks every importable name against the allowlist: ``lit_constrained``, ``torch``, ``lightning``
 (:data:`~lit_constrained.class_spec.TRUSTED_MODULES`), the task's own module and the caller's
 ``trusted_modules`` (:func:`~lit_constrained.checkpoint_integrity.check_before_loading`).
+:class:`TrustedLoading` is that ``load_from_checkpoint``, mixed into the module.
 
 **A checkpoint of this task.** Every checkpoint records the task class that wrote it
 (:data:`TASK_KEY`, :func:`record_task`; a LightningCLI run's also hold it as ``hyper_parameters._class_path``).
@@ -63,6 +64,40 @@ def check_before_loading(
         refuse_another_task(checkpoint, task_class, source, how=f"{task_class.__name__}.load_from_checkpoint")
 
     return check_file(checkpoint_path, trusted_modules_for(task_class, trusted_modules), inspect=of_this_task)
+
+
+class TrustedLoading:
+    """Mixed into a LightningModule (before it in the bases): its ``load_from_checkpoint`` checks the file
+    first (:func:`check_before_loading`)."""
+
+    @classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: str | Path | IO,
+        map_location: Any = None,
+        hparams_file: str | Path | None = None,
+        strict: bool | None = None,
+        weights_only: bool | None = None,
+        trusted_modules: Iterable[str] = (),
+        **kwargs: Any,
+    ) -> Any:
+        """Lightning's ``load_from_checkpoint``, refusing class paths from untrusted modules.
+
+        The hyper-parameters hold the optimizer (and a LightningCLI run's classes) as class paths;
+        rebuilding the module imports them, and importing a module runs its code. So each class path is
+        checked first, from a ``weights_only=True`` read: it must lie in ``lit_constrained``, ``torch``,
+        ``lightning``, this task's own module, or one of ``trusted_modules``; otherwise
+        :class:`~lit_constrained.class_spec.UntrustedClassPathError` is raised and nothing is imported
+        (:mod:`~lit_constrained.module_parts.checkpoint_trust`). Loads with ``weights_only=True`` (torch's
+        safe default; everything the package saves is plain data). An explicit ``weights_only=False``
+        runs pickle code anyway and skips the check.
+        """
+        if weights_only is not False:
+            checkpoint_path = check_before_loading(checkpoint_path, cls, trusted_modules)
+        return super().load_from_checkpoint(  # type: ignore[misc]  # LightningModule's, next in the bases
+            checkpoint_path, map_location=map_location, hparams_file=hparams_file, strict=strict,
+            weights_only=weights_only, **kwargs,
+        )
 
 
 def refuse_nonfinite_weights(checkpoint: Mapping[str, Any]) -> None:

@@ -10,10 +10,11 @@ Lightning is imported inside the functions: importing this module costs nothing.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
-from .tags import FIGURE
+from .tags import FIGURE, headline_tags, scalar_layout
 
 
 def tensorboard_writers(trainer: Any) -> list[Any]:
@@ -78,6 +79,17 @@ def write_summary(
         writer.flush()
 
 
+def write_run_summary(module: Any, optimizer: Any, scheduler: Any, has_constraints: bool, has_residual: bool) -> None:
+    """The run's summary at the start of training (:func:`write_summary`): the HParams columns of
+    :func:`run_hparams`, the headline tags as its metrics and their Custom Scalars charts."""
+    write_summary(
+        module.trainer,
+        run_hparams(module, optimizer, scheduler),
+        headline_tags(has_constraints, has_residual),
+        scalar_layout(has_constraints, has_residual),
+    )
+
+
 def log_figure(trainer: Any, figure: Any, step: int, tag_name: str = FIGURE) -> bool:
     """Add a matplotlib figure as an image to every TensorBoard logger (rank 0) and close it."""
     import matplotlib.pyplot as plt
@@ -87,6 +99,21 @@ def log_figure(trainer: Any, figure: Any, step: int, tag_name: str = FIGURE) -> 
         writer.add_figure(tag_name, figure, global_step=step, close=False)
     plt.close(figure)
     return bool(writers)
+
+
+def log_prediction_figure(
+    trainer: Any, draw: Callable[[], Any], step: int, memory_freed: Callable[[], AbstractContextManager[Any]]
+) -> None:
+    """The figure ``draw()`` returns (None: none) as the ``prediction`` image at ``step``, drawn only for a
+    TensorBoard logger, inside ``memory_freed()`` (which frees the figure's reference cycles when the
+    block ends: :func:`lit_constrained.callbacks.figure_memory.figure_memory_freed`)."""
+    if not tensorboard_writers(trainer):
+        return
+    with memory_freed():
+        figure = draw()
+        if figure is not None:
+            log_figure(trainer, figure, step)
+        del figure
 
 
 def write_text(trainer: Any, tag_name: str, text: str, step: int) -> None:

@@ -1,11 +1,11 @@
 """Trainer settings and start-of-training states that cannot work with constrained manual optimization,
 found before the first step, each with the fix in its message.
 
-At ``configure_callbacks``/``setup`` (:func:`check_trainer`): fp16 and bf16-true precision, a strategy
-that shards the parameters, the Trainer's gradient clipping and gradient accumulation. At the start of
-training (:func:`check_training_start`): an lr still None (the callback that sets it is missing); as
-warnings, constraints the optimizer does not impose, a hard-constrained optimizer with no constraints to
-impose, a ``ReduceLROnPlateau`` in a fit that never
+At ``configure_callbacks`` (:func:`check_fitting_trainer`) and ``setup`` (:func:`check_trainer`): fp16
+and bf16-true precision, a strategy that shards the parameters, the Trainer's gradient clipping and
+gradient accumulation. At the start of training (:func:`check_training_start`): an lr still None (the
+callback that sets it is missing); as warnings, constraints the optimizer does not impose, a
+hard-constrained optimizer with no constraints to impose, a ``ReduceLROnPlateau`` in a fit that never
 validates, and a ``TensorDataset`` served one row per step by DataLoader's default batch size.
 
 Each error is a :class:`~lit_constrained.hints.SetupError` (a ``ValueError``): its message names the
@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
@@ -96,6 +97,18 @@ def check_trainer(trainer: Any, task_name: str) -> None:
         )
 
 
+def check_fitting_trainer(module: Any) -> None:
+    """:func:`check_trainer` on the Trainer ``module`` is attached to, if it is fitting (at the module's
+    ``configure_callbacks``).
+
+    Lightning rejects ``gradient_clip_val`` and ``accumulate_grad_batches`` under manual optimization
+    right after that hook, before ``setup()``, with "switch to automatic optimization": checked there
+    first, so that the message names the module's own setting (``max_grad_norm``)."""
+    trainer = attached_trainer(module)
+    if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+        check_trainer(trainer, type(module).__name__)
+
+
 def imposes_constraints(optimizer: Any) -> bool:
     """Whether ``optimizer`` imposes the task's constraints: its ``requires`` names ``"constraints"``
     (the package's hard-constrained methods); torch's optimizers and MoMo step on the objective alone,
@@ -116,6 +129,13 @@ def check_lr_is_set(optimizer: Optimizer, why: str) -> None:
         "Python, Trainer(callbacks=[lit_constrained.callbacks.LipschitzEstimator()]). Or give "
         f"{name} a number as lr."
     )
+
+
+def check_lr_setter(trainer: Any, optimizer: Optimizer, setter: type) -> None:
+    """At fit start: an lr still None is an error unless a ``setter`` callback (the LipschitzEstimator)
+    is among the Trainer's callbacks (:func:`check_lr_is_set`)."""
+    if not any(isinstance(callback, setter) for callback in trainer.callbacks):
+        check_lr_is_set(optimizer, "which this Trainer does not have")
 
 
 def check_training_start(

@@ -324,10 +324,11 @@ def test_constraints_run_outside_autocast() -> None:
 def test_precisions_that_cap_the_constraints_are_refused(precision: str) -> None:
     from types import SimpleNamespace
 
-    model, _ = curve()
+    from lit_constrained.module_parts.trainer_checks import check_trainer
+
     # (on a CPU Lightning itself turns 16-mixed into bf16-mixed: check the rule on the setting itself)
     with pytest.raises(ValueError, match="bf16-mixed"):
-        model._check_trainer(SimpleNamespace(precision=precision))
+        check_trainer(SimpleNamespace(precision=precision), "CurveFit")
 
 
 def test_bf16_true_is_refused_at_fit() -> None:

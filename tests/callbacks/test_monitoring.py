@@ -23,6 +23,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_constrained.callbacks.monitoring import VaryingScalars, default_logger, next_version, run_name
+from lit_constrained.module_parts.step_logging import step_index
 from lit_constrained.optim import SQPAdam
 from lit_constrained.tasks.curve import CurveData, CurveFit, target
 
@@ -170,7 +171,7 @@ class _CountedCurve(CurveFit):
         with SyncCounter() as counter:
             super()._log_step(result)
             self.trainer.progress_bar_metrics  # what a progress bar reads after every batch
-        self.syncs.append((self._step_index(), logging, counter.count))
+        self.syncs.append((step_index(self.trainer), logging, counter.count))
 
 
 def test_progress_bar_values_are_read_on_logging_steps_only() -> None:

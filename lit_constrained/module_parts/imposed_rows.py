@@ -1,0 +1,74 @@
+"""The rows of c that a task's ``imposed()`` parts make: where each part lies in the last c (its
+:class:`~lit_constrained.imposed.PartLayout`), the per-row signs of the rows' senses, and the parts'
+Jacobian by the task's per-point engine (linear in m).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor
+
+from ..imposed import (
+    Imposed, PartLayout, check_parts, concatenate_parts, imposed_values, layout_signs, part_layout, sense_signs,
+)
+
+
+def _size(layout: Sequence[PartLayout]) -> int:
+    return sum(part.size for part in layout)
+
+
+class ImposedRows:
+    """What a module remembers of its constraint rows between hooks: the layout of the imposed parts in
+    the c of the last :meth:`concatenate` and the signs last computed (:meth:`signs`)."""
+
+    def __init__(self) -> None:
+        self.layout: tuple[PartLayout, ...] | None = None
+        """Name, offset and size of each part in the last c (None: no parts concatenated yet)."""
+        self._signs: tuple[Any, Tensor | None] | None = None  # (what they were computed from, the signs)
+
+    def concatenate(self, parts: Mapping[str, Imposed] | None) -> Tensor | None:
+        """c of ``parts``: each ``residual(points)`` flattened row-major over (N, k), concatenated in
+        order; their layout is recorded (None: no parts, nothing recorded)."""
+        if parts is None:
+            return None
+        values = imposed_values(parts)
+        self.layout = part_layout(values, parts)
+        return concatenate_parts(values)
+
+    def signs(self, senses: str | Sequence[str] | None, m: int) -> Tensor | None:
+        """The int8 signs of the m rows (0 ``"="``, +1 ``"<="``, -1 ``">="``): of ``senses`` (a task's
+        ``constraint_senses(m)``), else of the parts' senses by the recorded layout (None: no layout of
+        m rows). The same tensor while what they are computed from stays the same."""
+        if senses is not None:
+            key: Any = ("senses", senses if isinstance(senses, str) else tuple(senses), m)
+        else:
+            if self.layout is None or _size(self.layout) != m:
+                return None
+            key = ("layout", self.layout)
+        if self._signs is None or self._signs[0] != key:
+            signs = sense_signs(key[1], m) if senses is not None else layout_signs(key[1])
+            self._signs = (key, signs)
+        return self._signs[1]
+
+    def jacobian(
+        self, task: Any, batch: Any, constraints: Tensor, params: Sequence[Tensor], rows: slice | None
+    ) -> Tensor:
+        """J of ``task.imposed(batch)`` by ``task.pointwise_jacobian`` (the rows ``rows``; all: None), in
+        the dtype of ``constraints``, which must be the parts' residuals."""
+        name = type(task).__name__
+        parts = task.imposed(batch)
+        if parts is None:
+            raise ValueError(f"{name}.imposed() returned None, but constraints() returned a tensor.")
+        check_parts(parts)
+        layout = self.layout
+        if layout is None or [p.name for p in layout] != list(parts) or _size(layout) != constraints.numel():
+            layout = part_layout(imposed_values(parts), parts)  # constraints() was overridden: read the widths anew
+        if _size(layout) != constraints.numel():
+            raise ValueError(
+                f"{name}.constraints() has {constraints.numel()} entries but imposed() declares "
+                f"{_size(layout)}: with the pointwise Jacobian they must be the same residuals."
+            )
+        specs = [(part.residual, part.points, piece.width) for part, piece in zip(parts.values(), layout)]
+        return task.pointwise_jacobian(task, params, specs, rows=rows, dtype=constraints.dtype)
