@@ -29,7 +29,17 @@ inequality rows, sorted), with the same rank-revealing factor and refinements. I
 the last step's active set; only when that candidate violates a row or has a negative multiplier is the
 dual solved (one Gram of all m + p rows) and the step recomputed on the new active set. So the final
 step depends on the active set only, not on the warm start (resume stays bit-exact), and with no active
-row it is the equality step, bit for bit. Rows the linearization cannot satisfy together with the
+row it is the equality step, bit for bit.
+
+One exception to the subproblem's multipliers: a warm row the objective pushes against (its first-order
+multiplier estimate, the inequality part of :math:`-\hat G^+ \hat J \nabla f`, is positive) stays
+active even when its multiplier in the subproblem is negative. That sign comes from w, whose component
+off the row is the optimizer's scaling (Adam's diagonal applied to a direction in the row's null space),
+not the objective's pull; releasing the row on it let the next step's moments take the bound's whole
+normal gradient (-P_E g instead of -P_{E+W} g), and SQP-Adam stalled 7e-5 to 6e-3 from the
+Hock-Schittkowski solutions (HS35/43/71/76); held, it reaches them to round-off (docs/inequalities.md).
+A row held so is on its bound after the step (:math:`G_i \Delta x + t g_i = 0`), so the step stays feasible
+for the linearized rows. Rows the linearization cannot satisfy together with the
 equalities (an empty feasible set) enter the active set anyway: the step is the least-squares
 (minimum-norm Gauss-Newton) compromise between the conflicting rows, finite, and a warning names them.
 """
@@ -218,7 +228,8 @@ def impose_inequalities(
     normal-step fraction (0-dim float64). ``gradient_multipliers``: the first-order multiplier estimates
     :math:`-\\hat G^+ \\hat J \\nabla f` of the warm rows (the inequality part, float64): the optimizer's
     tangential moments are projected on the warm rows' null space, so the direction w alone can never
-    ask a row to leave; a row whose estimate is negative (the objective pulls it off its bound) leaves."""
+    ask a row to leave; a row whose estimate is negative (the objective pulls it off its bound) leaves, and
+    a row whose estimate is positive (the objective pushes against it) is held on its bound."""
     g, G = inequalities.values, inequalities.jacobian
     m = sc.numel()
     tg = t * g
@@ -274,7 +285,9 @@ def _check(G: Tensor, tg: Tensor, delta: Tensor, active_multipliers: Tensor, act
            gradient_multipliers: Tensor | None = None) -> tuple[list[int], list[int], list[int]]:
     """The candidate's KKT check (one pass over G and one host read): the inactive rows that
     :math:`G_i \\Delta x + t g_i \\le 0` does not hold for (beyond round-off, ``CHECK_ULPS``), and the
-    active rows whose multipliers are negative (beyond ``MULTIPLIER_TOL``). It is also where a NaN/inf in
+    active rows whose multipliers are negative (beyond ``MULTIPLIER_TOL``), unless ``gradient_multipliers``
+    (the warm rows' first-order estimates) say the objective pushes against the row: then it is held (see
+    :func:`impose_inequalities`). It is also where a NaN/inf in
     G shows (no pass of its own: the step's one finiteness read covers g, J and the gradient); raised
     before the parameters change (the optimizer's moments of this step are updated by then)."""
     residual = matvec(G, delta) + tg
@@ -283,7 +296,9 @@ def _check(G: Tensor, tg: Tensor, delta: Tensor, active_multipliers: Tensor, act
         negative = active_multipliers < -MULTIPLIER_TOL * active_multipliers.abs().max().clamp_min(1e-300)
         pulled = torch.zeros_like(negative)
         if gradient_multipliers is not None:
-            pulled = gradient_multipliers < -MULTIPLIER_TOL * gradient_multipliers.abs().max().clamp_min(1e-300)
+            scale = MULTIPLIER_TOL * gradient_multipliers.abs().max().clamp_min(1e-300)
+            pulled = gradient_multipliers < -scale
+            negative = negative & (gradient_multipliers <= scale)  # a row the objective pushes against is held
         read = torch.cat([residual, (negative | pulled).to(torch.float64), pulled.to(torch.float64)]).tolist()
     else:
         read = residual.tolist()

@@ -91,3 +91,34 @@ def test_a_row_that_conflicts_with_an_equality_is_set_aside() -> None:
     assert solution.active == []
     d = v - A.T @ solution.multipliers
     np.testing.assert_allclose(d, [1.0, 0.0], atol=1e-12)
+
+
+def test_a_row_the_objective_pushes_against_stays_on_its_bound_under_adams_scaling() -> None:
+    """min ||x - (2, 2)||^2 s.t. x1 + 2 x2 <= 1: the KKT point is the projection (1, 0) (multiplier 2 > 0).
+    The row is slanted, so Adam's diagonal scaling of a direction along it has a component off it; the
+    row must still stay on its bound at every step once active, and x reach (1, 0) (before the row was
+    held, it left on that component every ~60 steps and SQP-Adam stalled short of x*)."""
+    import torch
+
+    from lit_constrained.optim import SQPAdam
+
+    x = torch.nn.Parameter(torch.tensor([-1.0, -1.0], dtype=torch.float64))
+    opt = SQPAdam([x], lr=0.1)
+    steps = 600
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 - k / steps)
+    G = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+    first_active, released = None, []
+    for k in range(steps):
+        opt.zero_grad()
+        ((x - 2.0) ** 2).sum().backward()
+        with torch.no_grad():
+            g = G @ x - 1.0
+        opt.step(inequalities=g, inequality_jacobian=G)
+        schedule.step()
+        if opt.active_set.numel() and first_active is None:
+            first_active = k
+        elif first_active is not None and not opt.active_set.numel():
+            released.append(k)
+    assert first_active is not None and not released, (first_active, released[:10])
+    assert torch.allclose(x.detach(), torch.tensor([1.0, 0.0], dtype=torch.float64), atol=1e-9, rtol=0), x
+    assert float(opt.inequality_multipliers[0]) >= 0.0
