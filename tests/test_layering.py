@@ -29,11 +29,7 @@ LIGHTNING = frozenset({"lightning", "pytorch_lightning", "lightning_fabric"})
 #: Import cycles (deferred imports counted) allowed for now, each with why and who removes it. A cycle
 #: passes only if all of its modules lie in one entry (patterns as in the table). No xfail: the test
 #: passes with them, and fails on any other.
-CYCLES_BEING_REMOVED: dict[tuple[str, ...], str] = {
-    ("physics/geometry.py", "physics/csg.py"):
-        "Geometry's operators - | & build csg's Difference/Union/Intersection (subclasses of Geometry) "
-        "through imports inside the operators; the physics wing's owner removes it",
-}
+CYCLES_BEING_REMOVED: dict[tuple[str, ...], str] = {}
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from lit_constrained.physics.geometry import (
-    Geometry, SamplingMethod, _check_count, _no_grid, allocate, to_tensor, unit_cube_sample,
+    COMBINATIONS, Geometry, SamplingMethod, _check_count, _no_grid, allocate, to_tensor, unit_cube_sample,
 )
 
 __all__ = ["Difference", "Intersection", "Union"]
@@ -206,3 +206,5 @@ class Intersection(_Combination):
         a, b = self.first._signed_distance(x), self.second._signed_distance(x)
         return np.where((a >= b)[:, None], self.first._normal(x), self.second._normal(x))
 
+
+COMBINATIONS.update(Difference=Difference, Union=Union, Intersection=Intersection)

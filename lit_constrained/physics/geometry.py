@@ -59,6 +59,12 @@ from torch import Tensor
 if TYPE_CHECKING:
     from lit_constrained.physics.csg import Difference, Intersection, Union
 
+#: The classes the operators ``-``, ``|``, ``&`` build, by name ("Difference", "Union", "Intersection"),
+#: registered by :mod:`~lit_constrained.physics.csg` as it is imported (the package's ``__init__`` imports it,
+#: so they are there before any Geometry exists): this module imports nothing of csg, whose classes
+#: subclass Geometry (no import circle).
+COMBINATIONS: dict[str, type[Geometry]] = {}
+
 __all__ = [
     "SAMPLING_METHODS", "BoundarySample", "Geometry", "SamplingMethod", "allocate", "unit_cube_sample",
 ]
@@ -274,19 +280,13 @@ class Geometry(ABC):
 
     # ------------------------------------------------------------------ constructive geometry
     def __sub__(self, other: Geometry) -> Difference:
-        from lit_constrained.physics.csg import Difference
-
-        return Difference(self, other)
+        return COMBINATIONS["Difference"](self, other)
 
     def __or__(self, other: Geometry) -> Union:
-        from lit_constrained.physics.csg import Union
-
-        return Union(self, other)
+        return COMBINATIONS["Union"](self, other)
 
     def __and__(self, other: Geometry) -> Intersection:
-        from lit_constrained.physics.csg import Intersection
-
-        return Intersection(self, other)
+        return COMBINATIONS["Intersection"](self, other)
 
 
 class BoundaryCurve:
