@@ -58,7 +58,7 @@ def test_paper_rho_leaves_a_violation_decaying_like_one_minus_lr(opt_cls):
 def test_full_normal_step_converges_with_a_constant_lr(problem):
     x = torch.nn.Parameter(torch.tensor(problem.x0, dtype=F64))
     opt = SQPHeavyBall([x], lr=0.05, beta=0.9, rho="full")
-    for _ in range(3000):
+    for _ in range(1000):  # x* to round-off from step ~800 (measured: 2.8e-12 and 1.6e-11 at step 500)
         step_once(opt, x, problem)
     assert (x.detach() - torch.tensor(problem.solution, dtype=F64)).abs().max() < 1e-6
     assert problem.constraints(x).abs().max() < 1e-8
