@@ -17,7 +17,7 @@ from torch import Tensor
 
 from . import host_gram
 from .gram_factor import EIGH_MAX_SIZE
-from .products import chunk_columns, matvec
+from .products import chunk_columns, chunk_workspace, matvec
 from .symmetric import mirror_lower_, symmetrize_
 
 GRAM_BLOCK = 512
@@ -179,9 +179,7 @@ def exact_gram(J: Tensor, workspace: tuple[Tensor, Tensor] | None = None, d: Ten
         return scaled_gram(J, d)[0]
     m, n = J.shape
     if workspace is None:
-        chunk = min(n, chunk_columns(m))
-        workspace = (torch.empty(m, chunk, dtype=torch.float64, device=J.device),
-                     torch.empty(chunk, dtype=torch.float64, device=J.device))
+        workspace = chunk_workspace(m, n, J.device)
     rows, vector = workspace
     chunk = rows.shape[1]
     if m > EIGH_MAX_SIZE and host_gram.takes(J, d):  # SciPy's dsyrk, as the factor of this m (host_gram)

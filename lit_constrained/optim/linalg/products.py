@@ -24,6 +24,13 @@ def chunk_columns(m: int) -> int:
     """Columns per float64 chunk of an m-row J."""
     return max(1024, min(65536, CHUNK_ELEMENTS // max(m, 1)))
 
+
+def chunk_workspace(m: int, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """A float64 chunk workspace for an (m, n) J: (m, chunk) rows and a (chunk,) vector."""
+    chunk = min(n, chunk_columns(m))
+    return (torch.empty(m, chunk, dtype=torch.float64, device=device),
+            torch.empty(chunk, dtype=torch.float64, device=device))
+
 RESIDUAL_BLOCK = 256
 """Columns per float32 product block of :func:`blocked_matvec` (partials summed in float64)."""
 
@@ -51,9 +58,7 @@ def exact_matvec(J: Tensor, v: Tensor, workspace: tuple[Tensor, Tensor] | None =
         return J @ v
     m, n = J.shape
     if workspace is None:
-        chunk = min(n, chunk_columns(m))
-        workspace = (torch.empty(m, chunk, dtype=torch.float64, device=J.device),
-                     torch.empty(chunk, dtype=torch.float64, device=J.device))
+        workspace = chunk_workspace(m, n, J.device)
     J64, v64 = workspace
     rows = _exact_rows(m, n, J64.numel())
     if rows:  # whole rows converted at a time: a contiguous copy (column chunks: 2x the time at m = 1 000)
