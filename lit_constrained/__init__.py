@@ -1,4 +1,4 @@
-"""lit_constrained: hard equality constraints during training, with PyTorch Lightning.
+"""lit_constrained: hard constraints (equalities, inequalities, bounds) during training, with PyTorch Lightning.
 
 ``lit_constrained.optim`` is pure PyTorch; the Lightning layer (``ConstrainedModule``) is imported
 lazily so that importing the optimizers does not import Lightning.

@@ -50,7 +50,7 @@ def default_optimizer(params: Iterable) -> Optimizer:
 
 
 class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC):
-    """Base class of a task trained with hard equality constraints.
+    """Base class of a task trained with hard constraints (equalities, inequalities and bounds).
 
     A task implements :meth:`objective` (what is minimized) and :meth:`constraints` (the residuals
     that must vanish), plus its network::

@@ -31,7 +31,7 @@ from lit_constrained.cli import help as fit_help
 from lit_constrained.cli import preflight
 
 PROG = "lit-constrained"
-DESCRIPTION = "lit-constrained: train networks with hard equality constraints (PyTorch Lightning)."
+DESCRIPTION = "lit-constrained: train networks with hard constraints, inequalities and bounds included (PyTorch Lightning)."
 
 #: LightningCLI's subcommands and what each does, in the words of ``lit-constrained --help``.
 LIGHTNING_SUBCOMMANDS = {

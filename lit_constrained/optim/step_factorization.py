@@ -76,7 +76,7 @@ class StepFactorization:
                           ) -> tuple[GramFactor, Tensor, Tensor | None]:
         """``_factorize`` for G = J D^2 J^T (D = diag(d), the identity when ``d`` is None; a NaN/inf in d
         shows in G too), with J D v (float64) when ``v`` is given (else None; from the Gram's pass with
-        ``d``): :func:`~lit_constrained.optim.nullspace.scaled_gram`."""
+        ``d``): :func:`~lit_constrained.optim.linalg.gram.scaled_gram`."""
         m, n = jacobian.shape
         if m == 0:
             return (GramFactor.empty(jacobian.device), torch.ones((), dtype=torch.bool, device=jacobian.device),

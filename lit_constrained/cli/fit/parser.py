@@ -87,7 +87,7 @@ _PARSE_LOGGER.propagate = False
 _PARSE_LOGGER.addHandler(DROPPED_INIT_ARGS)
 
 
-DESCRIPTION = "lit-constrained: train networks with hard equality constraints (PyTorch Lightning)."
+DESCRIPTION = "lit-constrained: train networks with hard constraints, inequalities and bounds included (PyTorch Lightning)."
 
 
 class ConstrainedArgumentParser(LightningArgumentParser):

@@ -173,7 +173,7 @@ def exact_gram(J: Tensor, workspace: tuple[Tensor, Tensor] | None = None, d: Ten
     """G = J D^2 J^T (D = diag(d), the identity when ``d`` is None) from float64 products (exact to
     float64 round-off), converting J (and d) chunk by chunk into ``workspace`` = (float64 (m, chunk),
     float64 (chunk,)) so that no float64 copy of all of J is made. The chunks' products: SciPy's ``dsyrk``
-    for a large m on the CPU (:class:`~lit_constrained.optim.host_gram.SymmetricAccumulator`), else torch's
+    for a large m on the CPU (:class:`~lit_constrained.optim.linalg.host_gram.SymmetricAccumulator`), else torch's
     (:class:`BandAccumulator`); both take the lower triangle only."""
     if J.dtype == torch.float64:
         return scaled_gram(J, d)[0]
