@@ -47,7 +47,7 @@ from tests.helpers.cli_runs import (
 
 pytestmark = pytest.mark.ddp
 
-MAX_STEPS = 100
+MAX_STEPS = 50  # past the stop (at most 2 PAUSE + 1 = 41) and the user checkpoint at step 50
 PAUSE = 20
 RUN_TIMEOUT = 240.0  # seconds: a run that has not ended by then hangs
 STOP_TIMEOUT = 60.0  # seconds from the signal to every rank's end
