@@ -117,6 +117,7 @@ class CheckpointIntegrity(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._reported, self._trainer = False, trainer
+        _SAID.clear()  # a new fit: its write failure gets its line
         _watch_writer_threads(self)  # the TensorBoard writer thread's failure: one line, first
         checkpoint_io = install_integrity_io(trainer.strategy)
 
@@ -192,23 +193,27 @@ def _watch_writer_threads(callback: CheckpointIntegrity) -> None:
     _WATCHING["callback"] = callback
 
 
-#: the write failure the last line was printed for (so that the command line does not print it twice)
+#: the write failure this fit's line was printed for: one line a fit, whichever reporter comes first (the
+#: writer thread's hook, on_exception, the command line; a file system gone read-only fails several files
+#: of one directory, each its own OSError). Cleared when a fit is set up.
 _SAID: dict[str, OSError | None] = {}
+_SAID_LOCK = threading.Lock()
 
 
 def _say(line: str, error: OSError | None) -> None:
+    with _SAID_LOCK:
+        if "error" in _SAID:
+            return
+        _SAID["error"] = error
     print(line, file=sys.stderr, flush=True)
-    _SAID["error"] = error
 
 
 def exit_after_write_failure(exception: BaseException, trainer: Any = None) -> None:
     """End ``lit-constrained`` after a run that could not write its files: its one line
-    (:func:`write_failure_line`) unless a callback printed it already for the same OSError, then exit
-    status 1 instead of the traceback. Re-raises ``exception`` when it is no such failure."""
+    (:func:`write_failure_line`) unless this fit printed one already, then exit status 1 instead of the
+    traceback. Re-raises ``exception`` when it is no such failure."""
     error = write_failure(exception)
     if error is None:
         raise exception
-    said = _SAID.pop("error", None)
-    if said is None or (said is not error and (said.errno, said.filename) != (error.errno, error.filename)):
-        print(write_failure_line(exception, trainer), file=sys.stderr, flush=True)
+    _say(write_failure_line(exception, trainer), error)
     raise SystemExit(1) from None
