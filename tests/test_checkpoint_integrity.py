@@ -488,10 +488,10 @@ def test_the_writer_threads_hook_and_on_exception_racing_print_one_line(monkeypa
         time.sleep(0.05)  # wide window: the other reporter arrives while this one prints
         printed.append(line)
 
-    monkeypatch.setattr(integrity, "_say", slow_say)
-    callback = integrity.CheckpointIntegrity()
+    monkeypatch.setattr(integrity, "print", lambda line, **kwargs: slow_say(line, None), raising=False)
+    monkeypatch.setattr(integrity, "_SAID", {})
     error = OSError(errno.EROFS, "Read-only file system", "/nowhere/events.out")
-    reporters = [threading.Thread(target=callback._say_once, args=(f"line {i}", error)) for i in range(4)]
+    reporters = [threading.Thread(target=integrity._say, args=(f"line {i}", error)) for i in range(4)]
     for thread in reporters:
         thread.start()
     for thread in reporters:

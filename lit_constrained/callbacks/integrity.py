@@ -110,13 +110,10 @@ class CheckpointIntegrity(Callback):
     """Hashes and verifies the Trainer's checkpoints; names a full disk when a run dies of one."""
 
     def __init__(self) -> None:
-        self._reported = False
         self._trainer: Any = None
-        # the writer thread's hook and on_exception may race to report the same failure: one line
-        self._report_lock = threading.Lock()
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._reported, self._trainer = False, trainer
+        self._trainer = trainer
         _SAID.clear()  # a new fit: its write failure gets its line
         _watch_writer_threads(self)  # the TensorBoard writer thread's failure: one line, first
         checkpoint_io = install_integrity_io(trainer.strategy)
@@ -150,22 +147,15 @@ class CheckpointIntegrity(Callback):
         line = write_failure_line(args.exc_value, self._trainer) if _tensorboard_writer_thread(args.thread) else None
         if line is None:
             return False
-        self._say_once(line, write_failure(args.exc_value))
+        _say(line, write_failure(args.exc_value))
         return True
 
-    def _say_once(self, line: str, error: OSError | None) -> None:
-        """Print ``line`` unless this fit printed its write failure already (thread-safe)."""
-        with self._report_lock:
-            if not self._reported:
-                self._reported = True
-                _say(line, error)
-
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if self._reported or any(isinstance(e, CheckpointWriteError) for e in _chain(exception)[:1]):
+        if "error" in _SAID or any(isinstance(e, CheckpointWriteError) for e in _chain(exception)[:1]):
             return  # already said in one line: by the writer thread's hook, or by the checkpoint writer itself
         line = write_failure_line(exception, trainer)
         if line is not None and trainer.is_global_zero:
-            self._say_once(line, write_failure(exception))
+            _say(line, write_failure(exception))
 
 
 #: the fit's CheckpointIntegrity whose trainer a failing writer thread belongs to (the latest set up)
