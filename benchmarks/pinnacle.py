@@ -24,7 +24,9 @@ record within the recommended run's CPU time).
 
 Records: one JSON line per run in ``--out`` (default ``benchmarks/results/pinnacle/runs.jsonl``),
 appended as each run finishes; a restart skips the runs already there (same problem, variant, steps,
-points and seed), so a long run is resumable::
+points and seed). A run in progress leaves a snapshot every ``--snapshot-every`` steps (its Lightning
+checkpoint, or L-BFGS's model and optimizer state, and the trajectory and CPU time so far, under
+``<out>.partial/``); a restart continues it from there, so a 20 000-step run survives being stopped::
 
     nice -n 10 env OMP_NUM_THREADS=1 python benchmarks/pinnacle.py --steps 2000 &      # resumable
     python benchmarks/pinnacle.py --report                                             # the table
@@ -39,6 +41,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -111,19 +114,58 @@ def weights_hash(model: torch.nn.Module) -> str:
     return digest.hexdigest()[:12]
 
 
-class Recorder:
-    """The test error and CPU time (evaluations left out) every ``every`` steps, and the stop rule."""
+class Snapshot:
+    """A run's state on disk mid-way: ``<key hash>.ckpt`` (the Lightning checkpoint, or L-BFGS's model and
+    optimizer state) and ``<key hash>.json`` (the trajectory and the CPU time so far). Written ckpt first,
+    each by a rename, so a ``.json`` always names a complete ``.ckpt`` of its step."""
 
-    def __init__(self, model: Any, batch: dict[str, torch.Tensor], every: int, steps: int, cpu_budget: float) -> None:
+    def __init__(self, directory: Path | None, key: str, every: int) -> None:
+        self.every = every
+        name = hashlib.sha256(key.encode()).hexdigest()[:16]
+        self.ckpt = directory / f"{name}.ckpt" if directory else None
+        self.meta = directory / f"{name}.json" if directory else None
+
+    def saved(self) -> dict[str, Any] | None:
+        """The last snapshot's trajectory, CPU time and step, if one is complete."""
+        if self.meta is None or not self.meta.exists() or not self.ckpt.exists():
+            return None
+        return json.loads(self.meta.read_text())
+
+    def due(self, step: int) -> bool:
+        return self.ckpt is not None and self.every > 0 and step > 0 and step % self.every == 0
+
+    def write(self, save_ckpt: Any, trajectory: list[list[float]], cpu: float, step: int) -> None:
+        self.ckpt.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.ckpt.with_suffix(".ckpt.tmp")
+        save_ckpt(tmp)
+        os.replace(tmp, self.ckpt)
+        tmp_meta = self.meta.with_suffix(".json.tmp")
+        tmp_meta.write_text(json.dumps({"step": step, "cpu": cpu, "trajectory": trajectory}))
+        os.replace(tmp_meta, self.meta)
+
+    def remove(self) -> None:
+        for path in (self.ckpt, self.meta):
+            if path is not None and path.exists():
+                path.unlink()
+
+
+class Recorder:
+    """The test error and CPU time (evaluations and snapshots left out) every ``every`` steps, and the
+    stop rule. ``resumed`` (a snapshot's) continues its trajectory and CPU time."""
+
+    def __init__(self, model: Any, batch: dict[str, torch.Tensor], every: int, steps: int, cpu_budget: float,
+                 resumed: dict[str, Any] | None = None) -> None:
         self.model, self.batch, self.every = model, batch, every
         self.steps, self.cpu_budget = steps, cpu_budget
-        self.trajectory: list[list[float]] = []
+        self.trajectory: list[list[float]] = list(resumed["trajectory"]) if resumed else []
+        self.offset = resumed["cpu"] if resumed else 0.0
         self.excluded = 0.0
         self.start = time.process_time()
-        self.record(0)
+        if not resumed:
+            self.record(0)
 
     def cpu(self) -> float:
-        return time.process_time() - self.start - self.excluded
+        return self.offset + time.process_time() - self.start - self.excluded
 
     def record(self, step: int) -> None:
         cpu = self.cpu()
@@ -133,19 +175,27 @@ class Recorder:
         self.trajectory.append([step, round(cpu, 3), rel])
         self.excluded += time.process_time() - begin
 
+    def snapshot(self, snapshot: Snapshot, save_ckpt: Any, step: int) -> None:
+        """Write ``snapshot`` at ``step``, its own CPU time left out."""
+        cpu = self.cpu()
+        begin = time.process_time()
+        snapshot.write(save_ckpt, self.trajectory, cpu, step)
+        self.excluded += time.process_time() - begin
+
     def done(self, step: int) -> bool:
         return step >= self.steps and self.cpu() >= self.cpu_budget
 
 
-def lightning_run(model: Any, data: Any, recorder_args: dict[str, Any]) -> Recorder:
+def lightning_run(model: Any, data: Any, recorder_args: dict[str, Any], snapshot: Snapshot) -> Recorder:
     import lightning.pytorch as pl
 
     batch = model.prepare_batch(next(iter(data.val_dataloader())))
     state: dict[str, Recorder] = {}
+    resumed = snapshot.saved()
 
     class Hook(pl.Callback):
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            state["rec"] = Recorder(model, batch, **recorder_args)
+            state["rec"] = Recorder(model, batch, **recorder_args, resumed=resumed)
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
             rec, step = state["rec"], trainer.global_step
@@ -153,17 +203,19 @@ def lightning_run(model: Any, data: Any, recorder_args: dict[str, Any]) -> Recor
                 rec.record(step)
             if rec.done(step):
                 trainer.should_stop = True
+            elif snapshot.due(step):
+                rec.snapshot(snapshot, trainer.save_checkpoint, step)
 
     steps = recorder_args["steps"]
     trainer = pl.Trainer(max_steps=steps * 50, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                          callbacks=[Hook()])
     with contextlib.redirect_stdout(io.StringIO()):
-        trainer.fit(model, data)
+        trainer.fit(model, data, ckpt_path=str(snapshot.ckpt) if resumed else None)
     return state["rec"]
 
 
-def lbfgs_run(model: Any, data: Any, recorder_args: dict[str, Any]) -> Recorder:
+def lbfgs_run(model: Any, data: Any, recorder_args: dict[str, Any], snapshot: Snapshot) -> Recorder:
     data.setup()
     train = model.prepare_batch(next(iter(data.train_dataloader())))
     batch = model.prepare_batch(next(iter(data.val_dataloader())))
@@ -177,8 +229,17 @@ def lbfgs_run(model: Any, data: Any, recorder_args: dict[str, Any]) -> Recorder:
         loss.backward()
         return loss
 
-    rec = Recorder(model, batch, **recorder_args)
+    def save(path: Path) -> None:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+
+    resumed = snapshot.saved()
     step = 0
+    if resumed:
+        saved = torch.load(snapshot.ckpt, weights_only=True)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        step = resumed["step"]
+    rec = Recorder(model, batch, **recorder_args, resumed=resumed)
     while not rec.done(step):
         loss = optimizer.step(closure)
         step += 1
@@ -187,6 +248,8 @@ def lbfgs_run(model: Any, data: Any, recorder_args: dict[str, Any]) -> Recorder:
         if not torch.isfinite(loss):
             rec.record(step)
             break
+        if snapshot.due(step) and not rec.done(step):
+            rec.snapshot(snapshot, save, step)
     return rec
 
 
@@ -233,7 +296,7 @@ def code_version() -> str:
 
 
 def run_one(problem: str, variant: str, steps: int, points: dict[str, int], seed: int, every: int,
-            cpu_budget: float) -> dict[str, Any]:
+            cpu_budget: float, snapshot: Snapshot) -> dict[str, Any]:
     model, data = build(problem, variant, points, seed)
     record: dict[str, Any] = {"code": code_version(), "torch": torch.__version__, "problem": problem, "pinnacle": PINNACLE_NAMES[problem], "variant": variant,
                               "steps": steps, "points": points, "seed": seed, "weights": weights_hash(model),
@@ -243,8 +306,11 @@ def run_one(problem: str, variant: str, steps: int, points: dict[str, int], seed
                               "imposed": {k: data.hparams[k] for k in data.hparams if k.endswith("_imposed")}}
     args = {"every": every, "steps": steps, "cpu_budget": cpu_budget}
     wall = time.perf_counter()
-    rec = lbfgs_run(model, data, args) if variant == "lbfgs" else lightning_run(model, data, args)
-    record["wall_s"] = round(time.perf_counter() - wall, 1)
+    if snapshot.saved():
+        print(f"{problem} {variant}: continuing from the snapshot at step {snapshot.saved()['step']}", flush=True)
+    run = lbfgs_run if variant == "lbfgs" else lightning_run
+    rec = run(model, data, args, snapshot)
+    record["wall_s"] = round(time.perf_counter() - wall, 1)  # this process's part of the run
     record["trajectory"] = rec.trajectory
     record |= final_figures(model, data)
     return record
@@ -300,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--every", type=int, default=100, help="record the test error every N steps")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--snapshot-every", type=int, default=500,
+                        help="write a run's snapshot every N steps under <out>.partial/ (0: none); a restart continues it")
     parser.add_argument("--variant-major", action="store_true",
                         help="run every problem's first variant before any problem's second (default: problem by problem)")
     parser.add_argument("--report", action="store_true", help="print the table of the records and exit")
@@ -322,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         records = load(args.out)
         done = {run_key(r["problem"], r["variant"], r["steps"], r["points"], r["seed"]) for r in records}
-        if run_key(problem, variant, args.steps, points, args.seed) in done:
+        key = run_key(problem, variant, args.steps, points, args.seed)
+        if key in done:
             print(f"{problem} {variant}: recorded already, skipped", flush=True)
             continue
         budget = 0.0
@@ -331,10 +400,12 @@ def main(argv: list[str] | None = None) -> int:
                     problem, "recommended", args.steps, points, args.seed):
                 budget = r["trajectory"][-1][1]
         timed_against = variant in ("adam", "lbfgs")
+        snapshot = Snapshot(args.out.with_name(args.out.name + ".partial"), key, args.snapshot_every)
         record = run_one(problem, variant, args.steps, points, args.seed, args.every,
-                         budget if timed_against else 0.0)
+                         budget if timed_against else 0.0, snapshot)
         with args.out.open("a") as handle:
             handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+        snapshot.remove()
         last = record["trajectory"][-1]
         print(f"{problem} {variant}: rel. L2 {last[2]:.3e} after {int(last[0])} steps, {last[1]:.0f} CPU s",
               flush=True)
