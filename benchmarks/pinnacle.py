@@ -11,7 +11,8 @@ initial weights: their hash is recorded) on the same points (the task's data mod
 * ``adam_steps``: ``adam`` run for ``--steps`` steps only (the equal-steps comparison without waiting for
   the recommended run's CPU time);
 * ``sqp<N>`` (the sweep of the imposed points): the recommended optimizer with N / 2 PDE points and
-  N / 2 boundary (and initial) points imposed;
+  N / 2 boundary (and initial) points imposed; ``sqp<P>+<B>+<I>``: P PDE, B boundary and I initial
+  points (Poisson2d-C: ``sqp<P>+<B>``);
 * ``lbfgs``: ``torch.optim.LBFGS`` (lr 1, strong-Wolfe line search, history 50), one iteration a step,
   from the same weights (a plain loop on the task's objective: the package's module steps one
   optimizer call per batch with no closure to re-evaluate).
@@ -79,12 +80,18 @@ def classes(problem: str) -> tuple[type, type]:
 
 def imposed_counts(problem: str, variant: str) -> dict[str, int]:
     """The imposed points of ``variant``: the recommended config's; none for adam / lbfgs; for ``sqp<N>``
-    (the sweep) N / 2 PDE points and N / 2 boundary (Poisson) or boundary + initial points (a quarter each)."""
+    (the sweep) N / 2 PDE points and N / 2 boundary (Poisson) or boundary + initial points (a quarter each);
+    for ``sqp<P>+<B>+<I>`` P PDE, B boundary and I initial points (Poisson: ``sqp<P>+<B>``)."""
     config = {k: v for k, v in recommended(problem)["data"].items() if k.endswith("_imposed")}
     if variant == "recommended":
         return config
     if not variant.startswith("sqp"):
         return {k: 0 for k in config}
+    if "+" in variant:  # sqp<P>+<B>[+<I>]: the counts themselves, in the order of ORDER
+        counts = [int(n) for n in variant[3:].split("+")]
+        if len(counts) != len(config):
+            raise SystemExit(f"{variant}: {problem} imposes {len(config)} conditions ({', '.join(sorted(config))})")
+        return {f"{name}_imposed": n for name, n in zip(ORDER, counts)}
     n = int(variant[3:])
     counts = {"n_pde_imposed": n // 2}
     if problem == "poisson":
@@ -358,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", default=",".join(PROBLEMS))
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="recommended, adam, lbfgs, sqp<N> (a sweep point)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="recommended, adam, adam_steps, lbfgs, sqp<N> or sqp<P>+<B>[+<I>] (a sweep point)")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--n-pde", type=int, default=1024)
     parser.add_argument("--n-boundary", type=int, default=256)
