@@ -15,7 +15,9 @@ initial weights: their hash is recorded) on the same points (the task's data mod
   points (Poisson2d-C: ``sqp<P>+<B>``);
 * ``lbfgs``: ``torch.optim.LBFGS`` (lr 1, strong-Wolfe line search, history 50), one iteration a step,
   from the same weights (a plain loop on the task's objective: the package's module steps one
-  optimizer call per batch with no closure to re-evaluate).
+  optimizer call per batch with no closure to re-evaluate); a step that does not move (the line search
+  gives up on a direction that is not a descent direction) starts the history again (counted in the
+  record's ``restarts``);
 
 Equal steps AND equal CPU time: the recommended run goes first; ``adam`` and ``lbfgs`` then run until
 both ``--steps`` steps and the recommended run's CPU time (``time.process_time``, the evaluations left
@@ -141,13 +143,13 @@ class Snapshot:
     def due(self, step: int) -> bool:
         return self.ckpt is not None and self.every > 0 and step > 0 and step % self.every == 0
 
-    def write(self, save_ckpt: Any, trajectory: list[list[float]], cpu: float, step: int) -> None:
+    def write(self, save_ckpt: Any, trajectory: list[list[float]], cpu: float, step: int, restarts: int) -> None:
         self.ckpt.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.ckpt.with_suffix(".ckpt.tmp")
         save_ckpt(tmp)
         os.replace(tmp, self.ckpt)
         tmp_meta = self.meta.with_suffix(".json.tmp")
-        tmp_meta.write_text(json.dumps({"step": step, "cpu": cpu, "trajectory": trajectory}))
+        tmp_meta.write_text(json.dumps({"step": step, "cpu": cpu, "trajectory": trajectory, "restarts": restarts}))
         os.replace(tmp_meta, self.meta)
 
     def remove(self) -> None:
@@ -167,6 +169,7 @@ class Recorder:
         self.trajectory: list[list[float]] = list(resumed["trajectory"]) if resumed else []
         self.offset = resumed["cpu"] if resumed else 0.0
         self.excluded = 0.0
+        self.restarts = resumed.get("restarts", 0) if resumed else 0  # L-BFGS's history restarts
         self.start = time.process_time()
         if not resumed:
             self.record(0)
@@ -186,7 +189,7 @@ class Recorder:
         """Write ``snapshot`` at ``step``, its own CPU time left out."""
         cpu = self.cpu()
         begin = time.process_time()
-        snapshot.write(save_ckpt, self.trajectory, cpu, step)
+        snapshot.write(save_ckpt, self.trajectory, cpu, step, self.restarts)
         self.excluded += time.process_time() - begin
 
     def done(self, step: int) -> bool:
@@ -247,9 +250,17 @@ def lbfgs_run(model: Any, data: Any, recorder_args: dict[str, Any], snapshot: Sn
         optimizer.load_state_dict(saved["optimizer"])
         step = resumed["step"]
     rec = Recorder(model, batch, **recorder_args, resumed=resumed)
+    previous = None
     while not rec.done(step):
         loss = optimizer.step(closure)
         step += 1
+        if previous is not None and float(loss) == previous:
+            # the step did not move: its line search returned t = 0 on a direction that is not a descent
+            # direction, and with s = y = 0 the history stays, so every later step would stop the same way;
+            # start the history again (the next step is a scaled steepest-descent step)
+            optimizer.state.clear()
+            rec.restarts += 1
+        previous = float(loss)
         if step % rec.every == 0 or rec.done(step):
             rec.record(step)
         if not torch.isfinite(loss):
@@ -319,6 +330,8 @@ def run_one(problem: str, variant: str, steps: int, points: dict[str, int], seed
     rec = run(model, data, args, snapshot)
     record["wall_s"] = round(time.perf_counter() - wall, 1)  # this process's part of the run
     record["trajectory"] = rec.trajectory
+    if variant == "lbfgs":
+        record["restarts"] = rec.restarts
     record |= final_figures(model, data)
     return record
 
