@@ -139,6 +139,7 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         self.lr_scheduler_monitor = tag(OBJECTIVE, "val") if lr_scheduler_monitor is None else lr_scheduler_monitor
         self.stepper = TrainingStepper(penalty_weight, on_nonfinite, max_grad_norm, max_consecutive_skips)
         self.last_step: StepResult | None = None
+        self._first_step_pending = False  # set at train start: the first step's checks are still to do
         self.diagnostic_charts = step_logging.DiagnosticCharts()
         """The ``optim/<name>`` charts (the diagnostics that vary; saved in checkpoints)."""
 
@@ -277,7 +278,8 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         optimizer = self.optimizers().optimizer
         scheduler = next(iter(schedulers.schedulers(self.trainer)), None)
         constrained = declarations.has_constraints(self, ConstrainedModule)
-        trainer_checks.check_training_start(self.trainer, optimizer, scheduler, constrained, self.stepper.penalty_weight)
+        trainer_checks.check_training_start(self.trainer, optimizer, scheduler, constrained)
+        self._first_step_pending = True  # the constraints' check needs the first step's c
         tensorboard.write_run_summary(self, optimizer, scheduler, constrained, evaluation.measures_residual(self))
         if self.trainer.global_step == 0 and self.validate_at_start and validation_pass.validate_at_start(self):
             self._log_prediction_figure(step=0)
@@ -302,6 +304,10 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         if not result.skipped:
             schedulers.step_after_optimizer_step(self.trainer)
         self.last_step = result
+        if self._first_step_pending:
+            self._first_step_pending = False
+            trainer_checks.check_first_step_constraints(self.optimizers().optimizer, result.constraints,
+                                                        self.stepper.penalty_weight)
         self._log_step(result)
         return {"objective": result.objective, "constraints": result.constraints}
 

@@ -4,9 +4,10 @@ found before the first step, each with the fix in its message.
 At ``configure_callbacks`` (:func:`check_fitting_trainer`) and ``setup`` (:func:`check_trainer`): fp16
 and bf16-true precision, a strategy that shards the parameters, the Trainer's gradient clipping and
 gradient accumulation. At the start of training (:func:`check_training_start`): an lr still None (the
-callback that sets it is missing); as warnings, constraints the optimizer does not impose, a
-hard-constrained optimizer with no constraints to impose, a ``ReduceLROnPlateau`` in a fit that never
-validates, and a ``TensorDataset`` served one row per step by DataLoader's default batch size.
+callback that sets it is missing); as warnings, a hard-constrained optimizer with no constraints to
+impose, a ``ReduceLROnPlateau`` in a fit that never validates, and a ``TensorDataset`` served one row
+per step by DataLoader's default batch size. At the first step (:func:`check_first_step_constraints`),
+a warning: constraints the optimizer does not impose.
 
 Each error is a :class:`~lit_constrained.hints.SetupError` (a ``ValueError``): its message names the
 fix, and ``lit-constrained`` prints it as one line with exit status 2.
@@ -20,6 +21,7 @@ from typing import Any
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
@@ -138,21 +140,26 @@ def check_lr_setter(trainer: Any, optimizer: Optimizer, setter: type) -> None:
         check_lr_is_set(optimizer, "which this Trainer does not have")
 
 
-def check_training_start(
-    trainer: Any, optimizer: Optimizer, scheduler: Any, has_constraints: bool, penalty_weight: float
-) -> None:
+def check_first_step_constraints(optimizer: Optimizer, constraints: Tensor | None, penalty_weight: float) -> None:
+    """At the fit's first training step: constraints that the optimizer does not impose warn (they are
+    monitored only). Decided on the step's c, not on the class: a task that declares ``imposed()`` but
+    imposes no point in this run (every ``n_*_imposed`` 0: PINNacle's vanilla configs) has nothing
+    to monitor, and is not warned."""
+    if constraints is not None and constraints.numel() > 0 and not imposes_constraints(optimizer):
+        rank_zero_warn(not_imposed_hint(type(optimizer).__name__, penalty_weight))
+
+
+def check_training_start(trainer: Any, optimizer: Optimizer, scheduler: Any, has_constraints: bool) -> None:
     """At the start of training (the callbacks' ``on_train_start`` done): a ``ReduceLROnPlateau`` in a
-    fit without validation warns; an lr still None is an error; constraints the optimizer does not
-    impose, a hard-constrained optimizer given a task with no constraints, and a TensorDataset served
-    one row per step by DataLoader's default, are warnings."""
+    fit without validation warns; an lr still None is an error; a hard-constrained optimizer given a task
+    with no constraints, and a TensorDataset served one row per step by DataLoader's default, are
+    warnings."""
     if isinstance(scheduler, ReduceLROnPlateau) and not trainer.limit_val_batches:
         rank_zero_warn(
             "ReduceLROnPlateau is stepped at the end of each validation, and this fit does not validate "
             "(limit_val_batches=0): its lr will not change. Let the fit validate, or use another scheduler."
         )
     check_lr_is_set(optimizer, "which did not set it")
-    if has_constraints and not imposes_constraints(optimizer):
-        rank_zero_warn(not_imposed_hint(type(optimizer).__name__, penalty_weight))
     if not has_constraints and imposes_constraints(optimizer):
         rank_zero_warn(nothing_to_impose_hint(type(optimizer).__name__, type(trainer.lightning_module).__name__))
         if hasattr(optimizer, "warns_without_constraints"):

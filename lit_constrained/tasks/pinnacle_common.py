@@ -22,6 +22,7 @@ the other sets are whole in every batch.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -113,8 +114,11 @@ class PinnacleData(RowDataModule):
     conditions: tuple[str, ...] = ("pde",)
 
     def generation_args(self) -> dict[str, Any]:
-        skip = {"batch_mode", "batch_fraction", "num_workers", "cache_dir"}
-        return {key: value for key, value in self.hparams.items() if key not in skip}
+        """The arguments of the subclass's ``__init__`` but the loader's and ``cache_dir``. Read from the
+        signature, not from every key of ``hparams``: LightningCLI adds its own (``_class_path``)."""
+        skip = {"self", "batch_mode", "batch_fraction", "num_workers", "cache_dir"}
+        names = [name for name in inspect.signature(type(self).__init__).parameters if name not in skip]
+        return {name: self.hparams[name] for name in names}
 
     def rows(self, split: Split) -> dict[str, Tensor]:
         return {"x_pde": self.tensors["x_pde"]}
