@@ -110,11 +110,20 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_print_config_and_help():
-    out = run_cli("fit", "--config", "configs/curve/sqp_adam.yaml", "--print_config")
-    assert out.returncode == 0, out.stderr
-    assert "lit_constrained.optim.SQPAdam" in out.stdout and "rho: full" in out.stdout
-    help_text = run_cli("fit", "--model.help", "lit_constrained.tasks.curve.CurveFit").stdout
+def test_print_config_and_help(capsys, monkeypatch):
+    """In process (the console script's own path: test_python_m_cli_is_the_whole_command_...)."""
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
+    monkeypatch.chdir(ROOT)
+
+    def printed(*args: str) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["fit", *args])
+        assert exit_info.value.code in (0, None)
+        return capsys.readouterr().out
+
+    config = printed("--config", "configs/curve/sqp_adam.yaml", "--print_config")
+    assert "lit_constrained.optim.SQPAdam" in config and "rho: full" in config
+    help_text = printed("--model.help", "lit_constrained.tasks.curve.CurveFit")
     assert "--model.penalty_weight" in help_text and "--model.optimizer" in help_text
 
 
