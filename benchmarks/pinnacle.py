@@ -292,11 +292,13 @@ def load(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
 
 
-def points_for(problem: str, n_pde: int, n_boundary: int, n_initial: int) -> dict[str, int]:
-    points = {"n_pde": n_pde, "n_boundary": n_boundary}
-    if problem != "poisson":
-        points["n_initial"] = n_initial
-    return points
+def points_for(problem: str, n_pde: int | None, n_boundary: int | None, n_initial: int | None) -> dict[str, int]:
+    """The objective's point counts: those given, else the recommended config's (Heat2d-MS: 2 048 initial
+    points, the others 256)."""
+    config = recommended(problem)["data"]
+    given = {"n_pde": n_pde, "n_boundary": n_boundary, "n_initial": n_initial}
+    names = ("n_pde", "n_boundary") if problem == "poisson" else ORDER
+    return {name: config[name] if given[name] is None else given[name] for name in names}
 
 
 def code_version() -> str:
@@ -380,9 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--problems", default=",".join(PROBLEMS))
     parser.add_argument("--variants", default=",".join(VARIANTS), help="recommended, adam, adam_steps, lbfgs, sqp<N> or sqp<P>+<B>[+<I>] (a sweep point)")
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--n-pde", type=int, default=1024)
-    parser.add_argument("--n-boundary", type=int, default=256)
-    parser.add_argument("--n-initial", type=int, default=256)
+    parser.add_argument("--n-pde", type=int, default=None, help="default: the recommended config's (1 024)")
+    parser.add_argument("--n-boundary", type=int, default=None, help="default: the recommended config's (256)")
+    parser.add_argument("--n-initial", type=int, default=None,
+                        help="default: the recommended config's (256; Heat2d-MS 2 048)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--every", type=int, default=100, help="record the test error every N steps")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
