@@ -128,34 +128,34 @@ class Snapshot:
     optimizer state) and ``<key hash>.json`` (the trajectory and the CPU time so far). Written ckpt first,
     each by a rename, so a ``.json`` always names a complete ``.ckpt`` of its step."""
 
-    def __init__(self, directory: Path | None, key: str, every: int) -> None:
-        self.every = every
+    def __init__(self, directory: Path, key: str, every: int) -> None:
+        self.every = every  # 0: none written (one left by an earlier run is still continued)
         name = hashlib.sha256(key.encode()).hexdigest()[:16]
-        self.ckpt = directory / f"{name}.ckpt" if directory else None
-        self.meta = directory / f"{name}.json" if directory else None
+        self.ckpt = directory / f"{name}.ckpt"
+        self.meta = directory / f"{name}.json"
 
     def saved(self) -> dict[str, Any] | None:
         """The last snapshot's trajectory, CPU time and step, if one is complete."""
-        if self.meta is None or not self.meta.exists() or not self.ckpt.exists():
+        if not self.meta.exists() or not self.ckpt.exists():
             return None
         return json.loads(self.meta.read_text())
 
     def due(self, step: int) -> bool:
-        return self.ckpt is not None and self.every > 0 and step > 0 and step % self.every == 0
+        return self.every > 0 and step > 0 and step % self.every == 0
 
-    def write(self, save_ckpt: Any, trajectory: list[list[float]], cpu: float, step: int, restarts: int) -> None:
+    def write(self, save_ckpt: Any, trajectory: list[list[float]], cpu: float, step: int,
+              lbfgs: dict[str, Any]) -> None:
         self.ckpt.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.ckpt.with_suffix(".ckpt.tmp")
         save_ckpt(tmp)
         os.replace(tmp, self.ckpt)
         tmp_meta = self.meta.with_suffix(".json.tmp")
-        tmp_meta.write_text(json.dumps({"step": step, "cpu": cpu, "trajectory": trajectory, "restarts": restarts}))
+        tmp_meta.write_text(json.dumps({"step": step, "cpu": cpu, "trajectory": trajectory, "lbfgs": lbfgs}))
         os.replace(tmp_meta, self.meta)
 
     def remove(self) -> None:
         for path in (self.ckpt, self.meta):
-            if path is not None and path.exists():
-                path.unlink()
+            path.unlink(missing_ok=True)
 
 
 class Recorder:
@@ -169,7 +169,8 @@ class Recorder:
         self.trajectory: list[list[float]] = list(resumed["trajectory"]) if resumed else []
         self.offset = resumed["cpu"] if resumed else 0.0
         self.excluded = 0.0
-        self.restarts = resumed.get("restarts", 0) if resumed else 0  # L-BFGS's history restarts
+        # L-BFGS's history restarts and the loss before its last step (for the stall check)
+        self.lbfgs: dict[str, Any] = dict(resumed["lbfgs"]) if resumed else {"restarts": 0, "previous": None}
         self.start = time.process_time()
         if not resumed:
             self.record(0)
@@ -189,7 +190,7 @@ class Recorder:
         """Write ``snapshot`` at ``step``, its own CPU time left out."""
         cpu = self.cpu()
         begin = time.process_time()
-        snapshot.write(save_ckpt, self.trajectory, cpu, step, self.restarts)
+        snapshot.write(save_ckpt, self.trajectory, cpu, step, self.lbfgs)
         self.excluded += time.process_time() - begin
 
     def done(self, step: int) -> bool:
@@ -250,17 +251,17 @@ def lbfgs_run(model: Any, data: Any, recorder_args: dict[str, Any], snapshot: Sn
         optimizer.load_state_dict(saved["optimizer"])
         step = resumed["step"]
     rec = Recorder(model, batch, **recorder_args, resumed=resumed)
-    previous = None
     while not rec.done(step):
         loss = optimizer.step(closure)
         step += 1
-        if previous is not None and float(loss) == previous:
-            # the step did not move: its line search returned t = 0 on a direction that is not a descent
-            # direction, and with s = y = 0 the history stays, so every later step would stop the same way;
-            # start the history again (the next step is a scaled steepest-descent step)
+        if float(loss) == rec.lbfgs["previous"]:
+            # step() returns the loss before its step, so an unchanged one means the previous step did not
+            # move: its line search gave t = 0 on a direction that is not a descent direction, and with
+            # s = y = 0 the history stays, so every later step would stop the same way; start the history
+            # again (the next step is a scaled steepest-descent step)
             optimizer.state.clear()
-            rec.restarts += 1
-        previous = float(loss)
+            rec.lbfgs["restarts"] += 1
+        rec.lbfgs["previous"] = float(loss)
         if step % rec.every == 0 or rec.done(step):
             rec.record(step)
         if not torch.isfinite(loss):
@@ -333,7 +334,7 @@ def run_one(problem: str, variant: str, steps: int, points: dict[str, int], seed
     record["wall_s"] = round(time.perf_counter() - wall, 1)  # this process's part of the run
     record["trajectory"] = rec.trajectory
     if variant == "lbfgs":
-        record["restarts"] = rec.restarts
+        record["restarts"] = rec.lbfgs["restarts"]
     record |= final_figures(model, data)
     return record
 
