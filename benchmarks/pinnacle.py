@@ -13,6 +13,7 @@ initial weights: their hash is recorded) on the same points (the task's data mod
 * ``sqp<N>`` (the sweep of the imposed points): the recommended optimizer with N / 2 PDE points and
   N / 2 boundary (and initial) points imposed; ``sqp<P>+<B>+<I>``: P PDE, B boundary and I initial
   points (Poisson2d-C: ``sqp<P>+<B>``);
+* ``<variant>@cos`` (not ``lbfgs``): ``variant`` with its lr annealed by a cosine to 1 % over ``--steps``;
 * ``lbfgs``: ``torch.optim.LBFGS`` (lr 1, strong-Wolfe line search, history 50), one iteration a step,
   from the same weights (a plain loop on the task's objective: the package's module steps one
   optimizer call per batch with no closure to re-evaluate); a step that does not move (the line search
@@ -104,15 +105,27 @@ def imposed_counts(problem: str, variant: str) -> dict[str, int]:
     return counts
 
 
-def build(problem: str, variant: str, points: dict[str, int], seed: int) -> tuple[Any, Any]:
+def lr_schedule(variant: str, steps: int) -> dict[str, Any] | None:
+    """The scheduler of ``<variant>@cos``: cosine annealing of the lr over the ``steps`` steps to 1 % of it
+    (``CosineAnnealingLR``, stepped after every optimizer step); None for a variant without the suffix."""
+    if not variant.endswith("@cos"):
+        return None
+    lr = 1e-3  # every variant's lr (the recommended configs' and PINNacle's Adam)
+    return {"class_path": "torch.optim.lr_scheduler.CosineAnnealingLR", "init_args": {"T_max": steps, "eta_min": lr / 100}}
+
+
+def build(problem: str, variant: str, points: dict[str, int], seed: int, steps: int) -> tuple[Any, Any]:
     """The task (seeded: the same initial weights for every variant) and its data for ``variant``."""
     task_cls, data_cls = classes(problem)
     rec = recommended(problem)
-    data = data_cls(**points, **imposed_counts(problem, variant), seed=seed)
-    constrained = variant == "recommended" or variant.startswith("sqp")
+    base = variant.removesuffix("@cos")
+    if base == "lbfgs" and base != variant:
+        raise SystemExit("lbfgs@cos: the L-BFGS loop takes no lr schedule")
+    data = data_cls(**points, **imposed_counts(problem, base), seed=seed)
+    constrained = base == "recommended" or base.startswith("sqp")
     optimizer = rec["optimizer"] if constrained else {"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}}
     torch.manual_seed(seed)
-    model = task_cls(optimizer=optimizer, num_threads=1)
+    model = task_cls(optimizer=optimizer, lr_scheduler=lr_schedule(variant, steps), num_threads=1)
     return model, data
 
 
@@ -318,13 +331,14 @@ def code_version() -> str:
 
 def run_one(problem: str, variant: str, steps: int, points: dict[str, int], seed: int, every: int,
             cpu_budget: float, snapshot: Snapshot) -> dict[str, Any]:
-    model, data = build(problem, variant, points, seed)
+    model, data = build(problem, variant, points, seed, steps)
     record: dict[str, Any] = {"code": code_version(), "torch": torch.__version__, "problem": problem, "pinnacle": PINNACLE_NAMES[problem], "variant": variant,
                               "steps": steps, "points": points, "seed": seed, "weights": weights_hash(model),
                               "optimizer": model.hparams["optimizer"] if variant != "lbfgs" else
                               {"class_path": "torch.optim.LBFGS", "init_args": {"lr": 1.0, "history_size": 50,
                                                                                 "line_search_fn": "strong_wolfe"}},
-                              "imposed": {k: data.hparams[k] for k in data.hparams if k.endswith("_imposed")}}
+                              "imposed": {k: data.hparams[k] for k in data.hparams if k.endswith("_imposed")},
+                              "lr_scheduler": lr_schedule(variant, steps)}
     args = {"every": every, "steps": steps, "cpu_budget": cpu_budget}
     wall = time.perf_counter()
     if snapshot.saved():
@@ -362,7 +376,7 @@ def report(records: list[dict[str, Any]]) -> str:
         rec = runs.get("recommended")
         budget = rec["trajectory"][-1][1] if rec else None
         pts = "/".join(str(v) for k, v in sorted(json.loads(points).items(), key=lambda kv: ORDER.index(kv[0])))
-        sweep = sorted(v for v in runs if v.startswith("sqp"))
+        sweep = sorted(v for v in runs if v not in VARIANTS)  # the sweep points and the @cos variants
         for variant in (*VARIANTS, *sweep):
             r = runs.get(variant)
             if r is None:
@@ -370,7 +384,7 @@ def report(records: list[dict[str, Any]]) -> str:
             s = at_steps(r, steps)
             reached = budget is not None and r["trajectory"][-1][1] >= 0.98 * budget
             c = at_cpu(r, budget) if reached else None
-            name = variant if variant in ("adam", "adam_steps", "lbfgs") else f"{variant} ({sum(r['imposed'].values())} imposed)"
+            name = variant if variant.removesuffix("@cos") in ("adam", "adam_steps", "lbfgs") else f"{variant} ({sum(r['imposed'].values())} imposed)"
             equal_time = f"{c[2]:.2e} ({int(c[0])})" if c else "-"
             lines.append(f"| {PINNACLE_NAMES[problem]} | {steps} | {pts} | {name} | {s[2]:.2e} | {s[1]:.0f} | "
                          f"{equal_time} | {r['max_imposed']:.1e} / {r['max_held_out']:.1e} |")
