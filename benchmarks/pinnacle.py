@@ -105,12 +105,12 @@ def imposed_counts(problem: str, variant: str) -> dict[str, int]:
     return counts
 
 
-def lr_schedule(variant: str, steps: int) -> dict[str, Any] | None:
-    """The scheduler of ``<variant>@cos``: cosine annealing of the lr over the ``steps`` steps to 1 % of it
-    (``CosineAnnealingLR``, stepped after every optimizer step); None for a variant without the suffix."""
+def lr_schedule(variant: str, steps: int, lr: float) -> dict[str, Any] | None:
+    """The scheduler of ``<variant>@cos``: cosine annealing of the optimizer's ``lr`` over the ``steps``
+    steps to 1 % of it (``CosineAnnealingLR``, stepped after every optimizer step); None for a variant
+    without the suffix."""
     if not variant.endswith("@cos"):
         return None
-    lr = 1e-3  # every variant's lr (the recommended configs' and PINNacle's Adam)
     return {"class_path": "torch.optim.lr_scheduler.CosineAnnealingLR", "init_args": {"T_max": steps, "eta_min": lr / 100}}
 
 
@@ -125,7 +125,8 @@ def build(problem: str, variant: str, points: dict[str, int], seed: int, steps: 
     constrained = base == "recommended" or base.startswith("sqp")
     optimizer = rec["optimizer"] if constrained else {"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}}
     torch.manual_seed(seed)
-    model = task_cls(optimizer=optimizer, lr_scheduler=lr_schedule(variant, steps), num_threads=1)
+    scheduler = lr_schedule(variant, steps, optimizer["init_args"]["lr"])
+    model = task_cls(optimizer=optimizer, lr_scheduler=scheduler, num_threads=1)
     return model, data
 
 
@@ -210,12 +211,12 @@ class Recorder:
         return step >= self.steps and self.cpu() >= self.cpu_budget
 
 
-def lightning_run(model: Any, data: Any, recorder_args: dict[str, Any], snapshot: Snapshot) -> Recorder:
+def lightning_run(model: Any, data: Any, recorder_args: dict[str, Any], snapshot: Snapshot,
+                  resumed: dict[str, Any] | None) -> Recorder:
     import lightning.pytorch as pl
 
     batch = model.prepare_batch(next(iter(data.val_dataloader())))
     state: dict[str, Recorder] = {}
-    resumed = snapshot.saved()
 
     class Hook(pl.Callback):
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -239,7 +240,8 @@ def lightning_run(model: Any, data: Any, recorder_args: dict[str, Any], snapshot
     return state["rec"]
 
 
-def lbfgs_run(model: Any, data: Any, recorder_args: dict[str, Any], snapshot: Snapshot) -> Recorder:
+def lbfgs_run(model: Any, data: Any, recorder_args: dict[str, Any], snapshot: Snapshot,
+              resumed: dict[str, Any] | None) -> Recorder:
     data.setup()
     train = model.prepare_batch(next(iter(data.train_dataloader())))
     batch = model.prepare_batch(next(iter(data.val_dataloader())))
@@ -256,7 +258,6 @@ def lbfgs_run(model: Any, data: Any, recorder_args: dict[str, Any], snapshot: Sn
     def save(path: Path) -> None:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
 
-    resumed = snapshot.saved()
     step = 0
     if resumed:
         saved = torch.load(snapshot.ckpt, weights_only=True)
@@ -338,13 +339,14 @@ def run_one(problem: str, variant: str, steps: int, points: dict[str, int], seed
                               {"class_path": "torch.optim.LBFGS", "init_args": {"lr": 1.0, "history_size": 50,
                                                                                 "line_search_fn": "strong_wolfe"}},
                               "imposed": {k: data.hparams[k] for k in data.hparams if k.endswith("_imposed")},
-                              "lr_scheduler": lr_schedule(variant, steps)}
+                              "lr_scheduler": model.hparams.get("lr_scheduler")}
     args = {"every": every, "steps": steps, "cpu_budget": cpu_budget}
     wall = time.perf_counter()
-    if snapshot.saved():
-        print(f"{problem} {variant}: continuing from the snapshot at step {snapshot.saved()['step']}", flush=True)
+    resumed = snapshot.saved()  # read once: the run continues from it
+    if resumed:
+        print(f"{problem} {variant}: continuing from the snapshot at step {resumed['step']}", flush=True)
     run = lbfgs_run if variant == "lbfgs" else lightning_run
-    rec = run(model, data, args, snapshot)
+    rec = run(model, data, args, snapshot, resumed)
     record["wall_s"] = round(time.perf_counter() - wall, 1)  # this process's part of the run
     record["trajectory"] = rec.trajectory
     if variant == "lbfgs":
