@@ -176,7 +176,6 @@ def test_the_pinnacle_names_map_to_the_tasks():
 
 
 PINNACLE_CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").glob("pinnacle_*/**/*.yaml"))
-CLI_SMALL = {"n_pde": 16, "n_boundary": 8, "n_check": 4, "cache_dir": "null"}
 
 
 @pytest.mark.parametrize("config", PINNACLE_CONFIGS)
@@ -193,12 +192,10 @@ def test_every_pinnacle_config_trains_through_the_command_line(config, tmp_path,
     from lit_constrained.cli.fit import main
 
     args = yaml.safe_load((ROOT / config).read_text())["data"]["init_args"]
-    small_data = {**CLI_SMALL, **{k: min(v, 3) for k, v in args.items() if k.endswith("_imposed")}}
-    if "n_initial" in args:
-        small_data["n_initial"] = 8
-    small_data |= {k: v for k, v in {"n_reference": 40, "n_test_x": 9, "n_test_t": 3, "n_test_y": 3, "n_test": 9}.items()
-                   if k in args or k in DATA[config.split("/")[1].removeprefix("pinnacle_")][2]}
-    overrides = [f"--data.init_args.{k}={v}" for k, v in small_data.items()]
+    problem = Path(config).parts[1].removeprefix("pinnacle_")
+    small_data = {k: v for k, v in DATA[problem][2].items() if not k.endswith("_imposed")}  # this file's sizes
+    small_data |= {k: min(v, 3) for k, v in args.items() if k.endswith("_imposed")}  # the config's, at most 3
+    overrides = [f"--data.init_args.{k}={'null' if v is None else v}" for k, v in small_data.items()]
     monkeypatch.setattr(sys, "argv", ["lit-constrained"])
     with contextlib.redirect_stdout(io.StringIO()) as out, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
