@@ -6,14 +6,16 @@ and its loss, the sum of the conditions' mean squared residuals), built from the
 initial weights: their hash is recorded) on the same points (the task's data module, one seed):
 
 * ``adam``: PINNacle's vanilla PINN, ``torch.optim.Adam`` (lr 1e-3), nothing imposed;
-* ``recommended``: ``configs/pinnacle_<problem>/recommended/sqp_adam.yaml``'s optimizer and imposed
-  points (SQP-Adam, lr 1e-3, rho full);
+* ``recommended``: ``configs/pinnacle_<problem>/recommended/sqp_adam.yaml``'s optimizer, lr scheduler
+  (if the config has one; its horizon, ``T_max`` or ``total_iters``, stretched to ``--steps``) and
+  imposed points (SQP-Adam, lr 1e-3, rho full);
 * ``adam_steps``: ``adam`` run for ``--steps`` steps only (the equal-steps comparison without waiting for
   the recommended run's CPU time);
 * ``sqp<N>`` (the sweep of the imposed points): the recommended optimizer with N / 2 PDE points and
   N / 2 boundary (and initial) points imposed; ``sqp<P>+<B>+<I>``: P PDE, B boundary and I initial
   points (Poisson2d-C: ``sqp<P>+<B>``);
 * ``<variant>@cos`` (not ``lbfgs``): ``variant`` with its lr annealed by a cosine to 1 % over ``--steps``;
+  ``<variant>@const``: a constrained variant with a constant lr (the config's scheduler left out);
 * ``lbfgs``: ``torch.optim.LBFGS`` (lr 1, strong-Wolfe line search, history 50), one iteration a step,
   from the same weights (a plain loop on the task's objective: the package's module steps one
   optimizer call per batch with no closure to re-evaluate); a step that does not move (the line search
@@ -67,11 +69,13 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "pinnacle" / "runs.jsonl"
 
 
 def recommended(problem: str) -> dict[str, Any]:
-    """The optimizer and the data arguments of ``configs/pinnacle_<problem>/recommended/sqp_adam.yaml``."""
+    """The optimizer, the lr scheduler (None: a constant lr) and the data arguments of
+    ``configs/pinnacle_<problem>/recommended/sqp_adam.yaml``."""
     import yaml
 
     config = yaml.safe_load((ROOT / "configs" / f"pinnacle_{problem}" / "recommended" / "sqp_adam.yaml").read_text())
-    return {"optimizer": config["model"]["init_args"]["optimizer"], "data": config["data"]["init_args"]}
+    model = config["model"]["init_args"]
+    return {"optimizer": model["optimizer"], "lr_scheduler": model.get("lr_scheduler"), "data": config["data"]["init_args"]}
 
 
 def classes(problem: str) -> tuple[type, type]:
@@ -105,27 +109,52 @@ def imposed_counts(problem: str, variant: str) -> dict[str, int]:
     return counts
 
 
-def lr_schedule(variant: str, steps: int, lr: float) -> dict[str, Any] | None:
-    """The scheduler of ``<variant>@cos``: cosine annealing of the optimizer's ``lr`` over the ``steps``
-    steps to 1 % of it (``CosineAnnealingLR``, stepped after every optimizer step); None for a variant
-    without the suffix."""
-    if not variant.endswith("@cos"):
+#: the scheduler arguments that are the run's length in steps (stretched to ``--steps``)
+HORIZONS = ("T_max", "total_iters")
+
+
+def split_variant(variant: str) -> tuple[str, str]:
+    """``variant``'s base and its lr suffix (``""``, ``"cos"`` or ``"const"``)."""
+    base, _, suffix = variant.partition("@")
+    if suffix not in ("", "cos", "const"):
+        raise SystemExit(f"{variant}: the lr suffix is @cos or @const, not @{suffix}")
+    return base, suffix
+
+
+def is_constrained(base: str) -> bool:
+    """Whether the variant ``base`` is the recommended optimizer with points imposed."""
+    return base == "recommended" or base.startswith("sqp")
+
+
+def lr_schedule(problem: str, variant: str, steps: int, lr: float) -> dict[str, Any] | None:
+    """The scheduler of ``variant`` (stepped after every optimizer step; None: a constant lr).
+    ``@cos``: cosine annealing of the optimizer's ``lr`` over the ``steps`` steps to 1 % of it
+    (``CosineAnnealingLR``); ``@const``: none; otherwise a constrained variant takes the recommended
+    config's scheduler with its horizon (:data:`HORIZONS`) set to ``steps``, and Adam none."""
+    base, suffix = split_variant(variant)
+    if suffix == "cos":
+        return {"class_path": "torch.optim.lr_scheduler.CosineAnnealingLR", "init_args": {"T_max": steps, "eta_min": lr / 100}}
+    spec = recommended(problem)["lr_scheduler"]
+    if suffix == "const" or not is_constrained(base) or spec is None:
         return None
-    return {"class_path": "torch.optim.lr_scheduler.CosineAnnealingLR", "init_args": {"T_max": steps, "eta_min": lr / 100}}
+    args = {k: steps if k in HORIZONS else v for k, v in spec.get("init_args", {}).items()}
+    return {"class_path": spec["class_path"], "init_args": args}
 
 
 def build(problem: str, variant: str, points: dict[str, int], seed: int, steps: int) -> tuple[Any, Any]:
     """The task (seeded: the same initial weights for every variant) and its data for ``variant``."""
     task_cls, data_cls = classes(problem)
     rec = recommended(problem)
-    base = variant.removesuffix("@cos")
-    if base == "lbfgs" and base != variant:
-        raise SystemExit("lbfgs@cos: the L-BFGS loop takes no lr schedule")
+    base, suffix = split_variant(variant)
+    if base == "lbfgs" and suffix:
+        raise SystemExit(f"{variant}: the L-BFGS loop takes no lr schedule")
+    if suffix == "const" and not is_constrained(base):
+        raise SystemExit(f"{variant}: {base} has a constant lr already")
     data = data_cls(**points, **imposed_counts(problem, base), seed=seed)
-    constrained = base == "recommended" or base.startswith("sqp")
+    constrained = is_constrained(base)
     optimizer = rec["optimizer"] if constrained else {"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}}
     torch.manual_seed(seed)
-    scheduler = lr_schedule(variant, steps, optimizer["init_args"]["lr"])
+    scheduler = lr_schedule(problem, variant, steps, optimizer["init_args"]["lr"])
     model = task_cls(optimizer=optimizer, lr_scheduler=scheduler, num_threads=1)
     return model, data
 
@@ -366,19 +395,20 @@ def at_cpu(record: dict[str, Any], cpu: float) -> list[float] | None:
 
 
 def report(records: list[dict[str, Any]]) -> str:
-    """The table: per problem and steps, each variant's rel. L2 at equal steps and at the recommended
-    run's CPU time."""
-    lines = ["| problem | steps | points (pde/bc/ic) | variant | rel. L2 at equal steps | CPU s to those steps "
+    """The table: per problem, steps, points and seed, each variant's rel. L2 at equal steps and at the
+    recommended run's CPU time."""
+    lines = ["| problem | steps | points (pde/bc/ic) | seed | variant | rel. L2 at equal steps | CPU s to those steps "
              "| rel. L2 at equal CPU time (steps reached) | max imposed c / held-out residual |",
-             "|---|---|---|---|---|---|---|---|"]
-    groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = {}
+             "|---|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, int, str, int], dict[str, dict[str, Any]]] = {}
     for r in records:
-        groups.setdefault((r["problem"], r["steps"], json.dumps(r["points"], sort_keys=True)), {})[r["variant"]] = r
-    for (problem, steps, points), runs in groups.items():
+        group = (r["problem"], r["steps"], json.dumps(r["points"], sort_keys=True), r["seed"])
+        groups.setdefault(group, {})[r["variant"]] = r
+    for (problem, steps, points, seed), runs in groups.items():
         rec = runs.get("recommended")
         budget = rec["trajectory"][-1][1] if rec else None
         pts = "/".join(str(v) for k, v in sorted(json.loads(points).items(), key=lambda kv: ORDER.index(kv[0])))
-        sweep = sorted(v for v in runs if v not in VARIANTS)  # the sweep points and the @cos variants
+        sweep = sorted(v for v in runs if v not in VARIANTS)  # the sweep points and the @cos / @const variants
         for variant in (*VARIANTS, *sweep):
             r = runs.get(variant)
             if r is None:
@@ -386,9 +416,9 @@ def report(records: list[dict[str, Any]]) -> str:
             s = at_steps(r, steps)
             reached = budget is not None and r["trajectory"][-1][1] >= 0.98 * budget
             c = at_cpu(r, budget) if reached else None
-            name = variant if variant.removesuffix("@cos") in ("adam", "adam_steps", "lbfgs") else f"{variant} ({sum(r['imposed'].values())} imposed)"
+            name = variant if not is_constrained(split_variant(variant)[0]) else f"{variant} ({sum(r['imposed'].values())} imposed)"
             equal_time = f"{c[2]:.2e} ({int(c[0])})" if c else "-"
-            lines.append(f"| {PINNACLE_NAMES[problem]} | {steps} | {pts} | {name} | {s[2]:.2e} | {s[1]:.0f} | "
+            lines.append(f"| {PINNACLE_NAMES[problem]} | {steps} | {pts} | {seed} | {name} | {s[2]:.2e} | {s[1]:.0f} | "
                          f"{equal_time} | {r['max_imposed']:.1e} / {r['max_held_out']:.1e} |")
     return "\n".join(lines)
 
@@ -425,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         queue = [(problem, variant) for problem in problems for variant in variants]
     for problem, variant in queue:
         points = points_for(problem, args.n_pde, args.n_boundary, args.n_initial)
-        if variant.startswith("sqp") and imposed_counts(problem, variant) == imposed_counts(problem, "recommended"):
+        base, suffix = split_variant(variant)
+        if base.startswith("sqp") and not suffix and imposed_counts(problem, base) == imposed_counts(problem, "recommended"):
             print(f"{problem} {variant}: the recommended configuration's points, skipped", flush=True)
             continue
         records = load(args.out)
