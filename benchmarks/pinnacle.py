@@ -60,6 +60,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from harness import quiet  # noqa: E402
+from machine import cpu_model  # noqa: E402
 
 PROBLEMS = ("poisson", "burgers", "wave", "heat")
 PINNACLE_NAMES = {"burgers": "Burgers1d-C", "poisson": "Poisson2d-C", "wave": "Wave1d-C", "heat": "Heat2d-MS"}
@@ -368,7 +369,7 @@ def run_one(problem: str, variant: str, steps: int, points: dict[str, int], seed
                               {"class_path": "torch.optim.LBFGS", "init_args": {"lr": 1.0, "history_size": 50,
                                                                                 "line_search_fn": "strong_wolfe"}},
                               "imposed": {k: data.hparams[k] for k in data.hparams if k.endswith("_imposed")},
-                              "lr_scheduler": model.hparams.get("lr_scheduler")}
+                              "lr_scheduler": model.hparams.get("lr_scheduler"), "cpu": cpu_model()}
     args = {"every": every, "steps": steps, "cpu_budget": cpu_budget}
     wall = time.perf_counter()
     resumed = snapshot.saved()  # read once: the run continues from it
