@@ -127,15 +127,15 @@ def is_constrained(base: str) -> bool:
     return base == "recommended" or base.startswith("sqp")
 
 
-def lr_schedule(problem: str, variant: str, steps: int, lr: float) -> dict[str, Any] | None:
+def lr_schedule(variant: str, steps: int, lr: float, spec: dict[str, Any] | None) -> dict[str, Any] | None:
     """The scheduler of ``variant`` (stepped after every optimizer step; None: a constant lr).
     ``@cos``: cosine annealing of the optimizer's ``lr`` over the ``steps`` steps to 1 % of it
-    (``CosineAnnealingLR``); ``@const``: none; otherwise a constrained variant takes the recommended
-    config's scheduler with its horizon (:data:`HORIZONS`) set to ``steps``, and Adam none."""
+    (``CosineAnnealingLR``); ``@const``: none; otherwise a constrained variant takes ``spec`` (the
+    recommended config's scheduler, or None) with its horizon (:data:`HORIZONS`) set to ``steps``, and
+    Adam none."""
     base, suffix = split_variant(variant)
     if suffix == "cos":
         return {"class_path": "torch.optim.lr_scheduler.CosineAnnealingLR", "init_args": {"T_max": steps, "eta_min": lr / 100}}
-    spec = recommended(problem)["lr_scheduler"]
     if suffix == "const" or not is_constrained(base) or spec is None:
         return None
     args = {k: steps if k in HORIZONS else v for k, v in spec.get("init_args", {}).items()}
@@ -152,10 +152,9 @@ def build(problem: str, variant: str, points: dict[str, int], seed: int, steps: 
     if suffix == "const" and not is_constrained(base):
         raise SystemExit(f"{variant}: {base} has a constant lr already")
     data = data_cls(**points, **imposed_counts(problem, base), seed=seed)
-    constrained = is_constrained(base)
-    optimizer = rec["optimizer"] if constrained else {"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}}
+    optimizer = rec["optimizer"] if is_constrained(base) else {"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}}
     torch.manual_seed(seed)
-    scheduler = lr_schedule(problem, variant, steps, optimizer["init_args"]["lr"])
+    scheduler = lr_schedule(variant, steps, optimizer["init_args"]["lr"], rec["lr_scheduler"])
     model = task_cls(optimizer=optimizer, lr_scheduler=scheduler, num_threads=1)
     return model, data
 
