@@ -371,3 +371,50 @@ def test_python_m_cli_is_the_whole_command_and_runs_the_fit_layer_once():
     assert out.returncode == 0, out.stderr[-3000:]
     assert "lit_constrained.optim.SQPAdam" in out.stdout
     assert out.stdout.split()[-2:] == ["classes", "1"]
+
+
+def _gloo_group(tmp_path: Path) -> None:
+    """A one-rank gloo process group, as DDP's strategy makes one in each rank."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("end", ["completes", "interrupted", "fails"])
+def test_main_destroys_the_process_group_its_fit_made_on_an_agreed_end(end, tmp_path, monkeypatch):
+    """A rank's gloo group left to the interpreter's exit can abort the process after a fit that
+    succeeded ("terminate called without an active exception"): main destroys the group the fit made
+    when the fit completes or every rank stopped together, and leaves it after an error (the other
+    ranks may still be in a collective)."""
+    import lit_constrained.cli.fit.command as command
+    from lit_constrained.callbacks.signals import TrainingInterrupted
+
+    class FitThatMakesAGroup:
+        def __init__(self, args=None):
+            _gloo_group(tmp_path)
+            if end == "interrupted":
+                raise TrainingInterrupted(1)
+            if end == "fails":
+                raise RuntimeError("a rank failed")
+
+    monkeypatch.setattr(command, "ConstrainedCLI", FitThatMakesAGroup)
+    try:
+        if end == "completes":
+            main(["fit"])
+        else:
+            with pytest.raises(TrainingInterrupted if end == "interrupted" else RuntimeError):
+                main(["fit"])
+        assert torch.distributed.is_initialized() == (end == "fails")
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def test_main_leaves_a_process_group_that_was_there_before(tmp_path, monkeypatch):
+    import lit_constrained.cli.fit.command as command
+
+    monkeypatch.setattr(command, "ConstrainedCLI", lambda args=None: None)
+    _gloo_group(tmp_path)
+    try:
+        main(["fit"])
+        assert torch.distributed.is_initialized()  # the caller's group
+    finally:
+        torch.distributed.destroy_process_group()

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 
@@ -39,6 +40,7 @@ from lit_constrained.callbacks.checkpointing import resolve_last, with_default_c
 from lit_constrained.callbacks.integrity import exit_after_write_failure, write_failure
 from lit_constrained.callbacks.monitoring import default_logger
 from lit_constrained.callbacks.progress import LineProgress
+from lit_constrained.callbacks.signals import TrainingInterrupted
 from lit_constrained.callbacks.watchdog import LauncherWatchdog
 from lit_constrained.checkpoint_integrity import read_checkpoint
 from lit_constrained.class_spec import TRUSTED_MODULES, check_checkpoint_names, class_paths_in
@@ -207,8 +209,13 @@ def main(args: Sequence[str] | None = None) -> None:
     the directory and exit status 1 (:func:`~lit_constrained.callbacks.integrity.exit_after_write_failure`)."""
     put_working_directory_on_path()
     given = list(sys.argv[1:] if args is None else args)
+    grouped_before = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
         ConstrainedCLI(args=None if args is None else given)
+        end_process_group(grouped_before)
+    except TrainingInterrupted:  # every rank stopped after the same step: an agreed end, as above
+        end_process_group(grouped_before)
+        raise
     except SetupError as error:
         subcommand = next((a for a in given if a in ("fit", "validate", "test", "predict")), None)
         prog = f"lit-constrained {subcommand}" if subcommand else "lit-constrained"
@@ -218,6 +225,20 @@ def main(args: Sequence[str] | None = None) -> None:
         if write_failure(error) is None:
             raise
         exit_after_write_failure(error)
+
+
+def end_process_group(grouped_before: bool) -> None:
+    """Destroy the process group this run's DDP strategy made (``grouped_before``: one existed before
+    the run, which is then the caller's and stays) once every rank has ended the fit together.
+
+    Lightning leaves it to the process's exit; gloo's worker threads are then torn down during the
+    interpreter's finalization, and a rank can abort there (SIGABRT, "terminate called without an
+    active exception") after a fit that succeeded, which turns its exit status into a failure
+    (pytorch/pytorch#190489; measured once in this project's torchrun resume test under load). Only
+    on an agreed end: after an error on one rank the others may still be inside a collective."""
+    if grouped_before or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    torch.distributed.destroy_process_group()
 
 
 def run_fit(args: Sequence[str] = (), top_level: Sequence[str] = ()) -> None:
