@@ -209,7 +209,7 @@ def main(args: Sequence[str] | None = None) -> None:
     the directory and exit status 1 (:func:`~lit_constrained.callbacks.integrity.exit_after_write_failure`)."""
     put_working_directory_on_path()
     given = list(sys.argv[1:] if args is None else args)
-    grouped_before = torch.distributed.is_available() and torch.distributed.is_initialized()
+    grouped_before = process_group_exists()
     try:
         ConstrainedCLI(args=None if args is None else given)
         end_process_group(grouped_before)
@@ -236,9 +236,13 @@ def end_process_group(grouped_before: bool) -> None:
     active exception") after a fit that succeeded, which turns its exit status into a failure
     (pytorch/pytorch#190489; measured once in this project's torchrun resume test under load). Only
     on an agreed end: after an error on one rank the others may still be inside a collective."""
-    if grouped_before or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return
-    torch.distributed.destroy_process_group()
+    if not grouped_before and process_group_exists():
+        torch.distributed.destroy_process_group()
+
+
+def process_group_exists() -> bool:
+    """Whether this process is in a ``torch.distributed`` process group."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def run_fit(args: Sequence[str] = (), top_level: Sequence[str] = ()) -> None:
