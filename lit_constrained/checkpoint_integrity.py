@@ -45,6 +45,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from .class_spec import check_checkpoint_names
+from .hints import SetupError
 from .io import write_atomic
 
 __all__ = [
@@ -64,12 +65,14 @@ class CheckpointError(RuntimeError):
     """A checkpoint file cannot be used as it is (the message names the file and why)."""
 
 
-class CheckpointReadError(CheckpointError):
-    """The file is empty, truncated, unreadable or not a checkpoint."""
+class CheckpointReadError(CheckpointError, SetupError):
+    """The file is empty, truncated, unreadable or not a checkpoint (a :class:`~lit_constrained.hints.SetupError`:
+    ``lit-constrained`` prints it as one line, exit status 2)."""
 
 
-class CheckpointCorruptedError(CheckpointError):
-    """The file reads, but its content differs from the content hash written with it."""
+class CheckpointCorruptedError(CheckpointError, SetupError):
+    """The file reads, but its content differs from the content hash written with it (a
+    :class:`~lit_constrained.hints.SetupError`: one line on the command line, exit status 2)."""
 
     def __init__(self, message: str, differing: list[str]) -> None:
         super().__init__(message)

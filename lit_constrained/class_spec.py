@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from .hints import SetupError
+
 TRUSTED_MODULES: tuple[str, ...] = ("lit_constrained", "torch", "lightning", "pytorch_lightning")
 """Module roots whose classes a checkpoint may name (with the task's own module and the caller's)."""
 
@@ -115,6 +117,20 @@ def import_class(class_path: str, trusted: Iterable[str] | None = None) -> type:
     return cls
 
 
+def imported_class(class_path: str) -> type | None:
+    """The class ``class_path`` names if its module is imported already (``sys.modules``), else None:
+    nothing is imported. A nested class (``module.Outer.Inner``) is found through its outer class."""
+    parts = class_path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        found: Any = sys.modules.get(".".join(parts[:split]))
+        if found is None:
+            continue
+        for name in parts[split:]:
+            found = getattr(found, name, None)
+        return found if isinstance(found, type) else None
+    return None
+
+
 def build(spec: Mapping[str, Any], *args: Any) -> Any:
     """``Class(*args, **init_args)`` from a plain spec."""
     return import_class(spec["class_path"])(*args, **dict(spec.get("init_args") or {}))
@@ -188,8 +204,9 @@ def class_paths_in(data: Any) -> Iterator[str]:
             yield from class_paths_in(value)
 
 
-class UntrustedClassPathError(ValueError):
-    """A checkpoint or config names a class outside the trusted modules (nothing was imported).
+class UntrustedClassPathError(SetupError):
+    """A checkpoint or config names a class outside the trusted modules (nothing was imported). A
+    :class:`~lit_constrained.hints.SetupError`: ``lit-constrained`` prints it as one line, exit status 2.
 
     ``class_paths`` are the untrusted names, ``keys`` where each was found (same order)."""
 
@@ -226,13 +243,20 @@ def check_trusted(data: Any, trusted: Iterable[str], source: str | None = None) 
         raise UntrustedClassPathError([name for _, name in bad], trusted, [key for key, _ in bad], source)
 
 
-NAMING_SECTIONS: tuple[str, ...] = ("hyper_parameters", "datamodule_hyper_parameters", "hparams", "module_arguments")
-"""The checkpoint sections Lightning and jsonargparse build objects from (``load_from_checkpoint``,
-``--ckpt_path``; the last two are Lightning's legacy names). Every other section is state loaded into
-objects already built, and names nothing to import."""
+TASK_KEY = "lit_constrained_task"
+"""The checkpoint entry naming the task class that wrote it (``module.QualName``; written by
+:func:`lit_constrained.module_parts.checkpoint_trust.record_task`)."""
+
+NAMING_SECTIONS: tuple[str, ...] = (
+    TASK_KEY, "hyper_parameters", "datamodule_hyper_parameters", "hparams", "module_arguments",
+)
+"""The checkpoint entries that name something importable: the task class the package recorded
+(:data:`TASK_KEY`, compared with the module's class), and the sections Lightning and jsonargparse build
+objects from (``load_from_checkpoint``, ``--ckpt_path``; the last two are Lightning's legacy names). Every
+other section is state loaded into objects already built, and names nothing to import."""
 
 
 def check_checkpoint_names(checkpoint: Mapping[str, Any], trusted: Iterable[str], source: str | None = None) -> None:
     """:func:`check_trusted` over a loaded checkpoint's :data:`NAMING_SECTIONS` (keys read
-    ``hyper_parameters.optimizer``); ``source`` names the file in the error."""
+    ``hyper_parameters.optimizer``, ``lit_constrained_task``); ``source`` names the file in the error."""
     check_trusted({key: checkpoint[key] for key in NAMING_SECTIONS if key in checkpoint}, trusted, source)

@@ -128,7 +128,7 @@ def cli_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_corrupted_checkpoint_is_refused_by_the_command_line(
-    cli_saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cli_saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     from lit_constrained.cli.fit import main
 
@@ -137,12 +137,15 @@ def test_a_corrupted_checkpoint_is_refused_by_the_command_line(
     _flip(corrupted, checkpoint["state_dict"]["net.0.weight"], 64)
     _flip(corrupted, checkpoint["optimizer_states"][0]["state"]["flat"]["second_moment"], 10)  # SQP-Adam's moment
     monkeypatch.setattr(sys, "argv", ["lit-constrained"])
-    with pytest.raises(CheckpointCorruptedError) as raised:
+    with pytest.raises(SystemExit) as raised:
         main(["fit", "--config", str(CONFIG), "--ckpt_path", str(corrupted), "--trainer.logger", "false",
               "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "5",
               "--trainer.default_root_dir", str(tmp_path)])
-    assert raised.value.differing == ["state_dict/net.0.weight", "optimizer_states/0/state/flat/second_moment"]
-    assert str(corrupted) in str(raised.value)
+    assert raised.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"lit-constrained fit: error: {corrupted} does not match"), lines
+    assert str(corrupted) in lines[0]
+    assert "state_dict/net.0.weight" in lines[0] and "optimizer_states/0/state/flat/second_moment" in lines[0]
 
 
 def test_an_intact_checkpoint_resumes_and_loads(saved: Path) -> None:
@@ -328,20 +331,21 @@ def test_ckpt_path_last_gets_the_trusted_class_check(saved: Path, tmp_path: Path
 
 
 def test_the_command_lines_ckpt_path_last_gets_the_trusted_class_check(
-    cli_saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cli_saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    from lit_constrained.class_spec import UntrustedClassPathError
     from lit_constrained.cli.fit import main
 
     (tmp_path / "checkpoints").mkdir()
     planted = _plant_untrusted_last(tmp_path / "checkpoints", cli_saved, "h37_cli_last_payload")
     monkeypatch.syspath_prepend(str(tmp_path / "checkpoints"))
     monkeypatch.setattr(sys, "argv", ["lit-constrained"])
-    with pytest.raises(UntrustedClassPathError, match="h37_cli_last_payload.Evil") as raised:
+    with pytest.raises(SystemExit) as raised:
         main(["fit", "--config", str(CONFIG), "--ckpt_path", "last", "--trainer.logger", "false",
               "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "5",
               "--trainer.default_root_dir", str(tmp_path)])
-    assert str(planted) in str(raised.value)
+    assert raised.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "h37_cli_last_payload.Evil" in lines[0] and str(planted) in lines[0], lines
     assert not (tmp_path / "checkpoints" / "imported").exists() and "h37_cli_last_payload" not in sys.modules
 
 

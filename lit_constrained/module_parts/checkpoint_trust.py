@@ -28,11 +28,17 @@ import torch
 from torch import Tensor
 
 from ..checkpoint_integrity import CheckpointError
-from ..class_spec import TRUSTED_MODULES, check_checkpoint_names, class_path_of, import_class, importable_names_in
+from ..class_spec import (
+    TASK_KEY,
+    TRUSTED_MODULES,
+    check_checkpoint_names,
+    class_path_of,
+    import_class,
+    importable_names_in,
+    imported_class,
+    is_trusted,
+)
 from ..hints import SetupError
-
-TASK_KEY = "lit_constrained_task"
-"""The checkpoint entry naming the task class that wrote it (``module.QualName``)."""
 
 _SHOWN = 3  # parameters named in a shape mismatch before "and N more"
 
@@ -57,13 +63,16 @@ def check_before_loading(
     ``task_class``, a subclass or a parent of it (:func:`refuse_another_task`). Returns the path, or a
     rewound in-memory copy of a file object; raises
     :class:`~lit_constrained.class_spec.UntrustedClassPathError` before anything is imported (the recorded
-    task class, trusted by then, is imported for the class check)."""
+    task class is one of the names checked: :data:`~lit_constrained.class_spec.TASK_KEY`)."""
     from ..checkpoint_integrity import check_before_loading as check_file
 
-    def of_this_task(checkpoint: Mapping[str, Any], source: str) -> None:
-        refuse_another_task(checkpoint, task_class, source, how=f"{task_class.__name__}.load_from_checkpoint")
+    trusted = trusted_modules_for(task_class, trusted_modules)
 
-    return check_file(checkpoint_path, trusted_modules_for(task_class, trusted_modules), inspect=of_this_task)
+    def of_this_task(checkpoint: Mapping[str, Any], source: str) -> None:
+        refuse_another_task(checkpoint, task_class, source, trusted=trusted,
+                            how=f"{task_class.__name__}.load_from_checkpoint")
+
+    return check_file(checkpoint_path, trusted, inspect=of_this_task)
 
 
 class TrustedLoading:
@@ -125,41 +134,57 @@ def checkpoint_task(checkpoint: Mapping[str, Any]) -> str | None:
     return recorded if isinstance(recorded, str) else None
 
 
-def _resolve(task: Any) -> type | None:
-    """A class from a class, an instance, a class path or a config's ``{class_path: ...}``."""
-    if isinstance(task, type):
-        return task
+def _class_path(task: Any) -> str | None:
+    """The class path of a class, an instance, a class path or a config's ``{class_path: ...}`` (None: none)."""
     if isinstance(task, Mapping) or hasattr(task, "class_path"):
         task = task.get("class_path") if isinstance(task, Mapping) else task.class_path
-    if isinstance(task, str):
+    if isinstance(task, str) or task is None:
+        return task
+    return class_path_of(task if isinstance(task, type) else type(task))
+
+
+def _known_class(task: Any, class_path: str, trusted: tuple[str, ...]) -> type | None:
+    """``task``'s class without importing anything untrusted: the class itself (a class or an instance),
+    else the class ``class_path`` names if its module is imported already or trusted (then imported),
+    else None."""
+    if isinstance(task, type):
+        return task
+    if task is not None and not isinstance(task, (str, Mapping)) and not hasattr(task, "class_path"):
+        return type(task)
+    found = imported_class(class_path)
+    if found is None and is_trusted(class_path, trusted):
         try:
-            return import_class(task)
+            found = import_class(class_path, trusted)
         except (ImportError, ValueError, TypeError):
             return None
-    return None if task is None else type(task)
+    return found
 
 
-def refuse_another_task(checkpoint: Mapping[str, Any], task: Any, source: str, *, how: str = "") -> None:
+def refuse_another_task(
+    checkpoint: Mapping[str, Any], task: Any, source: str, *, trusted: Iterable[str] = (), how: str = ""
+) -> None:
     """Raise :class:`CheckpointMismatchError` if ``checkpoint`` (read from ``source``) was written by a task
-    class unrelated to ``task`` (a class, an instance, a class path or a config's model section): neither
-    is a subclass of the other. ``how`` says where ``task`` comes from (e.g. "the config's model").
+    class unrelated to ``task`` (a class, an instance, a class path or a config's model section): another
+    class path, and neither class a subclass of the other. ``how`` says where ``task`` comes from (e.g.
+    "the config's model").
 
-    Call only after the checkpoint's names were found trusted: the recorded class is imported."""
+    The comparison is on names first. A class is looked at (for the subclass relation) only if it is
+    imported already or its module is one of ``trusted``: a name recorded in a forged checkpoint is never
+    imported here, whatever the caller checked before (importing a module runs its code)."""
     recorded = checkpoint_task(checkpoint)
-    expected = _resolve(task)
-    if recorded is None or expected is None:
+    expected_path = _class_path(task)
+    if recorded is None or expected_path is None or recorded == expected_path:
         return
-    written = _resolve(recorded)
-    if written is None:  # a name that no longer imports: compare by name
-        if recorded == class_path_of(expected):
-            return
-    elif issubclass(expected, written) or issubclass(written, expected):
+    trusted = tuple(trusted)
+    written, expected = _known_class(recorded, recorded, trusted), _known_class(task, expected_path, trusted)
+    if written is not None and expected is not None and (issubclass(expected, written) or issubclass(written, expected)):
         return
     name = recorded.rpartition(".")[2]
+    expected_name = expected_path.rpartition(".")[2]
     raise CheckpointMismatchError(
-        f"{source} is a checkpoint of {recorded}, not of {class_path_of(expected)}"
+        f"{source} is a checkpoint of {recorded}, not of {expected_path}"
         f"{f' ({how})' if how else ''}: nothing was restored. Resume it with a config of {name} (the task that "
-        f"wrote it), or {name}.load_from_checkpoint(...) it; to train {expected.__name__}, give its own "
+        f"wrote it), or {name}.load_from_checkpoint(...) it; to train {expected_name}, give its own "
         "checkpoint or none (start fresh)."
     )
 
@@ -220,6 +245,7 @@ def check_against_module(
     ``--ckpt_path PATH``, ``last``, ``best``): naming only trusted modules (:func:`trusted_for_module`;
     nothing is imported: :class:`~lit_constrained.class_spec.UntrustedClassPathError`), of its task class
     (:func:`refuse_another_task`) and of its parameter names and shapes (:func:`refuse_other_shapes`)."""
-    check_checkpoint_names(checkpoint, trusted_for_module(module, datamodule), source)
-    refuse_another_task(checkpoint, module, source, how="the module it is restored into")
+    trusted = trusted_for_module(module, datamodule)
+    check_checkpoint_names(checkpoint, trusted, source)
+    refuse_another_task(checkpoint, module, source, trusted=trusted, how="the module it is restored into")
     refuse_other_shapes(checkpoint, module, source)

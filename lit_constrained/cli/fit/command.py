@@ -185,9 +185,11 @@ def check_trusted_checkpoint(config: Namespace) -> None:
         return
     checkpoint = read_checkpoint(ckpt_path, weights_only=True, map_location="cpu", mmap=True)
     named_in_config = {path.rpartition(".")[0] for path in class_paths_in(config[subcommand].as_dict())}
-    check_checkpoint_names(checkpoint, (*TRUSTED_MODULES, *named_in_config), str(ckpt_path))
+    trusted = (*TRUSTED_MODULES, *named_in_config)
+    check_checkpoint_names(checkpoint, trusted, str(ckpt_path))
     # before LightningCLI puts the checkpoint's task class in place of the config's (issue 37)
-    refuse_another_task(checkpoint, config[subcommand].get("model"), str(ckpt_path), how="the config's model")
+    refuse_another_task(checkpoint, config[subcommand].get("model"), str(ckpt_path), trusted=trusted,
+                        how="the config's model")
 
 
 def put_working_directory_on_path() -> None:
