@@ -256,8 +256,7 @@ def test_checkpoint_naming_an_untrusted_module_is_refused_before_import(tmp_path
     sys.modules.pop("h14_crafted_payload", None)
 
 
-def test_fit_ckpt_path_with_an_untrusted_class_is_refused_before_import(tmp_path, monkeypatch):
-    from lit_constrained.class_spec import UntrustedClassPathError
+def test_fit_ckpt_path_with_an_untrusted_class_is_refused_before_import(tmp_path, monkeypatch, capsys):
     from lit_constrained.cli.fit import main
 
     crafted = _crafted_checkpoint(tmp_path, "h14_crafted_cli_payload")
@@ -267,9 +266,12 @@ def test_fit_ckpt_path_with_an_untrusted_class_is_refused_before_import(tmp_path
     torch.save(checkpoint, crafted)
     config = Path(__file__).resolve().parents[1] / "configs/curve/sqp_adam.yaml"
     monkeypatch.setattr(sys, "argv", ["lit-constrained"])
-    with pytest.raises(UntrustedClassPathError, match="h14_crafted_cli_payload.Evil"):
+    with pytest.raises(SystemExit) as raised:  # UntrustedClassPathError, printed as one line
         main(["fit", "--config", str(config), "--ckpt_path", str(crafted), "--trainer.logger", "false",
               "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2"])
+    assert raised.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "h14_crafted_cli_payload.Evil" in lines[0], lines
     assert not (tmp_path / "imported").exists() and "h14_crafted_cli_payload" not in sys.modules
 
 
