@@ -22,7 +22,9 @@ from .module_parts import (
     checkpoint_trust, declarations, evaluation, imposed_rows, schedulers, step_logging, step_services, tensorboard,
     trainer_checks, validation_pass,
 )
+from .module_parts.constraint_precision import ConstraintDType, check_constraint_dtype
 from .module_parts.declarations import JacobianMethod
+from .module_parts.schedulers import LrDecay, check_lr_decay, default_decay
 from .module_parts.optimizer_specs import build_optimizer, given_factories
 from .module_parts.tags import OBJECTIVE, tag
 from .module_parts.trainer_checks import SHARDING_STRATEGIES, requested_precision
@@ -108,6 +110,17 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
             ``"loop"``: the general autograd Jacobian of any c (O(m^2) for per-point constraints;
             the path for coupled constraints, whose rows depend on many points).
         num_threads: ``torch.set_num_threads`` at setup (small problems run faster on 1 thread).
+        constraint_dtype: ``"float64"`` (default): the imposed parts' c and J are evaluated in float64 at
+            a float32 network's weights (the objective, its gradient and the step's n-vectors stay
+            float32; :mod:`~lit_constrained.module_parts.constraint_precision`): float32 noise in a PDE's
+            second derivatives would otherwise stall max |c| near 1e-4-1e-3 (docs/float32.md).
+            ``"native"``: in the network's dtype. No effect on a float64 network or on a task that
+            overrides :meth:`constraints` without :meth:`imposed`.
+        lr_decay: the lr schedule when ``lr_scheduler`` is None and the optimizer is one of the package's
+            SQP optimizers: ``"cosine"`` (default: from lr to lr / 100 over the Trainer's
+            ``estimated_stepping_batches``, when that is finite), ``"linear"`` (the same end, a straight
+            line) or ``"none"`` (a constant lr). A named ``lr_scheduler`` always wins
+            (:func:`~lit_constrained.module_parts.schedulers.default_decay`; measured: docs/pinnacle.md).
     """
 
     def __init__(
@@ -121,6 +134,8 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         jacobian_method: JacobianMethod = "auto",
         num_threads: int | None = None,
         lr_scheduler_monitor: str | None = None,
+        constraint_dtype: ConstraintDType = "float64",
+        lr_decay: LrDecay = "cosine",
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -132,6 +147,8 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         # call with a dict updates both hparams and hparams_initial, keeping the keys' order
         self.save_hyperparameters(specs)
         self.jacobian_method = declarations.checked_jacobian_method(jacobian_method)
+        self.constraint_dtype = check_constraint_dtype(constraint_dtype)
+        self.lr_decay = check_lr_decay(lr_decay)
         self.pointwise_jacobian = PointwiseJacobian()
         """The per-point Jacobian engine (remembers per residual whether it runs under torch.func)."""
         self._imposed_rows = imposed_rows.ImposedRows()
@@ -166,7 +183,7 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
 
         Default: the parts of :meth:`imposed`, each ``residual(points)`` flattened row-major over
         (N, k), concatenated in order (None when it declares none)."""
-        return self._imposed_rows.concatenate(self.imposed(batch))
+        return self._imposed_rows.concatenate(self._imposed_rows.evaluated_parts(self, batch))
 
     def constraint_senses(self, m: int) -> str | Sequence[str] | None:
         """The sense of the m rows of :meth:`constraints`, for a task that overrides it without
@@ -246,7 +263,15 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         """The optimizer, and the LR scheduler if one is set
         (:func:`~lit_constrained.module_parts.schedulers.optimizer_config` says when each steps)."""
         optimizer = build_optimizer(self.optimizer_factory, self.parameters(), self.hparams.get("optimizer"))
-        scheduler = None if self.lr_scheduler_factory is None else self.lr_scheduler_factory(optimizer)
+        if self.lr_scheduler_factory is not None:
+            scheduler = self.lr_scheduler_factory(optimizer)
+        else:
+            from .callbacks.lipschitz import LipschitzEstimator  # it sets a constant step itself: no decay
+
+            trainer = trainer_checks.attached_trainer(self)
+            steps = float("inf") if trainer is None else trainer.estimated_stepping_batches
+            fixed = trainer is not None and any(isinstance(c, LipschitzEstimator) for c in trainer.callbacks)
+            scheduler = default_decay(optimizer, "none" if fixed else self.lr_decay, steps)
         return schedulers.optimizer_config(optimizer, scheduler)
 
     def on_validation_end(self) -> None:

@@ -359,7 +359,7 @@ class TwoParts(ConstrainedModule):
 def test_imposed_parts_give_the_default_constraints_and_a_pointwise_jacobian():
     from lit_constrained.optim import constraint_jacobian
 
-    model = TwoParts()
+    model = TwoParts(constraint_dtype="native")  # the parts as they are (float64 c: tests/module_parts/test_imposed_rows.py)
     c = model.constraints(None)
     expected = torch.cat([model.slope(model.x_slope), model.anchor(model.x_anchor).reshape(-1)])
     torch.testing.assert_close(c, expected, rtol=0, atol=0)

@@ -207,6 +207,7 @@ def fit_in_process(workdir: Path, resume: bool, **limits: int) -> dict[str, Any]
     torch.set_num_threads(1)
     try:
         model, data = build("spring", "minibatch")
+        model.lr_decay = "none"  # a constant lr: the default decay follows each run's own length
         trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                              enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                              callbacks=[CrashSafeCheckpoint(dirpath=str(workdir))], **limits)

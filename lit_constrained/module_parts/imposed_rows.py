@@ -1,6 +1,7 @@
-"""The rows of c that a task's ``imposed()`` parts make: where each part lies in the last c (its
-:class:`~lit_constrained.imposed.PartLayout`), the per-row signs of the rows' senses, and the parts'
-Jacobian by the task's per-point engine (linear in m).
+"""The rows of c that a task's ``imposed()`` parts make: the parts as they are evaluated (in the module's
+``constraint_dtype``: :func:`~lit_constrained.module_parts.constraint_precision.promote_parts`), where
+each part lies in the last c (its :class:`~lit_constrained.imposed.PartLayout`), the per-row signs of the
+rows' senses, and the parts' Jacobian by the task's per-point engine (linear in m).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from torch import Tensor
 from ..imposed import (
     Imposed, PartLayout, check_parts, concatenate_parts, imposed_values, layout_signs, part_layout, sense_signs,
 )
+from .constraint_precision import promote_parts
 
 
 def _size(layout: Sequence[PartLayout]) -> int:
@@ -27,6 +29,15 @@ class ImposedRows:
         self.layout: tuple[PartLayout, ...] | None = None
         """Name, offset and size of each part in the last c (None: no parts concatenated yet)."""
         self._signs: tuple[Any, Tensor | None] | None = None  # (what they were computed from, the signs)
+
+    def evaluated_parts(self, task: Any, batch: Any) -> dict[str, Imposed] | None:
+        """``task.imposed(batch)`` as c and J evaluate it: checked, each residual in the task's
+        ``constraint_dtype`` (float64 at a float32 network's weights by default)."""
+        parts = task.imposed(batch)
+        if parts is None:
+            return None
+        check_parts(parts)
+        return promote_parts(task, parts, getattr(task, "constraint_dtype", "native"))
 
     def concatenate(self, parts: Mapping[str, Imposed] | None) -> Tensor | None:
         """c of ``parts``: each ``residual(points)`` flattened row-major over (N, k), concatenated in
@@ -58,10 +69,9 @@ class ImposedRows:
         """J of ``task.imposed(batch)`` by ``task.pointwise_jacobian`` (the rows ``rows``; all: None), in
         the dtype of ``constraints``, which must be the parts' residuals."""
         name = type(task).__name__
-        parts = task.imposed(batch)
+        parts = self.evaluated_parts(task, batch)
         if parts is None:
             raise ValueError(f"{name}.imposed() returned None, but constraints() returned a tensor.")
-        check_parts(parts)
         layout = self.layout
         if layout is None or [p.name for p in layout] != list(parts) or _size(layout) != constraints.numel():
             layout = part_layout(imposed_values(parts), parts)  # constraints() was overridden: read the widths anew

@@ -1,4 +1,5 @@
-"""When the LR schedulers step: manual optimization leaves it to the module.
+"""When the LR schedulers step (manual optimization leaves it to the module), and the lr decay the
+module adds when no scheduler is named (:func:`default_decay`).
 
 A ``ReduceLROnPlateau`` is stepped at the end of every validation during fit, with the validation
 metric the module names (``lr_scheduler_monitor``; missing: an error listing the logged metrics); every
@@ -7,11 +8,62 @@ other scheduler after every optimizer step that was not skipped, as Lightning's 
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import math
+from typing import Any, Literal
 
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import ReduceLROnPlateau
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
+
+from ..optim import SQPAdam, SQPHeavyBall
+
+LrDecay = Literal["cosine", "linear", "none"]
+LR_DECAYS: tuple[str, ...] = ("cosine", "linear", "none")
+
+FINAL_LR_FRACTION = 0.01
+"""The decayed lr at the last step, as a fraction of the optimizer's lr (1e-3 -> 1e-5)."""
+
+
+def check_lr_decay(value: object) -> LrDecay:
+    """``value`` if it is one of :data:`LR_DECAYS`, else a ValueError naming them."""
+    if value not in LR_DECAYS:
+        raise ValueError(f"Invalid lr_decay={value!r}: 'cosine' (the default), 'linear' or 'none' (a constant lr).")
+    return value  # type: ignore[return-value]
+
+
+def decay_factor(decay: LrDecay, step: int, total: int) -> float:
+    r"""The lr at ``step`` of ``total`` as a fraction of the optimizer's lr, from 1 to
+    :math:`f = 0.01` (:data:`FINAL_LR_FRACTION`), constant after ``total``:
+
+    * ``"cosine"``: :math:`f + (1 - f)\,(1 + \cos(\pi t / T)) / 2`;
+    * ``"linear"``: :math:`1 - (1 - f)\, t / T`;
+    * ``"none"``: 1."""
+    t = min(step, total) / total
+    if decay == "cosine":
+        return FINAL_LR_FRACTION + (1.0 - FINAL_LR_FRACTION) * (1.0 + math.cos(math.pi * t)) / 2.0
+    if decay == "linear":
+        return 1.0 - (1.0 - FINAL_LR_FRACTION) * t
+    return 1.0
+
+
+def default_decay(optimizer: Optimizer, decay: LrDecay, steps: float | int) -> LRScheduler | None:
+    """The schedule a module gives one of the package's projected SQP optimizers (SQP-Adam,
+    SQP-heavy-ball) when it names no scheduler: the lr times :func:`decay_factor` over ``steps``
+    optimizer steps (the Trainer's ``estimated_stepping_batches``), a ``LambdaLR``.
+
+    A ``LambdaLR`` multiplies the optimizer's base lr, so an lr written into the scheduler (the
+    Lipschitz callback's, :func:`~lit_constrained.optim.lr_setting.set_lr`) is decayed the same way, and
+    a resumed run with a longer Trainer decays over its new length from the step it resumes at (the
+    factor is a function of the step, not a state). None (a constant lr) for ``"none"``, for any other
+    optimizer (torch.optim's keep their own lr, so a baseline stays plain), or when the run's length is
+    not known (``steps`` infinite or < 1)."""
+    if decay == "none" or not isinstance(optimizer, (SQPAdam, SQPHeavyBall)):
+        return None
+    if not math.isfinite(steps) or steps < 1:
+        return None
+    total = int(steps)
+    return LambdaLR(optimizer, functools.partial(decay_factor, decay, total=total))
 
 
 def optimizer_config(optimizer: Optimizer, scheduler: Any | None) -> Any:

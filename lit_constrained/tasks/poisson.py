@@ -30,7 +30,6 @@ from torch import Tensor
 from lit_constrained.imposed import Imposed
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
-from lit_constrained.module_parts.constraint_precision import ConstraintDType, check_constraint_dtype, promote_parts
 from lit_constrained.module_parts.trainer_checks import attached_trainer
 from lit_constrained.physics import laplacian
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
@@ -46,19 +45,15 @@ class Poisson(ConstrainedModule):
         hidden: width of the hidden layers. depth: number of hidden layers.
         boundary_weight: weight w_b of the boundary term in the objective.
         dtype: ``"float32"`` or ``"float64"`` for the network (batches are cast to it).
-        constraint_dtype: ``"float64"`` (the default) evaluates the imposed c and J in float64 at the
-            network's weights; ``"native"`` in the network's dtype (float32: max |c| stalls near 1e-4 at
-            3 000 steps, docs/float32.md). No effect for a float64 network.
         **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
 
     cast_batch_to_dtype = True
 
     def __init__(self, hidden: int = 20, depth: int = 2, boundary_weight: float = 1.0,
-                 dtype: DTypeName = "float32", constraint_dtype: ConstraintDType = "float64", **kwargs: Any) -> None:
+                 dtype: DTypeName = "float32", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.boundary_weight = float(boundary_weight)
-        self.constraint_dtype = check_constraint_dtype(constraint_dtype)
         self.net = mlp(2, hidden, depth, 1)
         self.to(torch_dtype(dtype))
 
@@ -79,8 +74,7 @@ class Poisson(ConstrainedModule):
     def imposed(self, batch: dict[str, Tensor]) -> dict[str, Imposed] | None:
         parts = {"pde": Imposed(self.pde_residual, batch["x_pde_imposed"]),
                  "boundary": Imposed(self.boundary_residual, batch["x_bc_imposed"])}
-        return promote_parts(self, {name: part for name, part in parts.items() if len(part.points)} or None,
-                             self.constraint_dtype)
+        return {name: part for name, part in parts.items() if len(part.points)} or None
 
     def validation_constraints(self, batch: dict[str, Tensor]) -> Tensor:
         """The residuals at the held-out check points (the PDE inside, u = 0 on the boundary)."""

@@ -35,7 +35,7 @@ def _summary_warnings(out: str) -> list[str]:
 
 def test_a_diverging_run_warns_once_in_the_log_and_the_summary(capsys: pytest.CaptureFixture) -> None:
     torch.manual_seed(0)
-    found = _fit(CurveFit(hidden=8, optimizer=functools.partial(SQPAdam, lr=1e6)), steps=30)
+    found = _fit(CurveFit(hidden=8, optimizer=functools.partial(SQPAdam, lr=1e6), lr_decay="none"), steps=30)
     assert len(found) == 1 and "the run is diverging" in found[0] and "Try a smaller lr (now 1e+06" in found[0]
     # once among the summary's warnings (the feasibility line of the end max |c| may be there too)
     assert len([line for line in _summary_warnings(capsys.readouterr().out) if "the run is diverging" in line]) == 1

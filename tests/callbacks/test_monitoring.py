@@ -47,7 +47,8 @@ def _opening_groups(tags: list[str]) -> list[str]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     torch.manual_seed(0)
-    task = CurveFit(hidden=16, optimizer={"class_path": "lit_constrained.optim.SQPAdam", "init_args": {"lr": 0.01}})
+    task = CurveFit(hidden=16, optimizer={"class_path": "lit_constrained.optim.SQPAdam", "init_args": {"lr": 0.01}},
+                    lr_decay="none")  # a constant lr: written once as text, not as a chart
     data = CurveData(num_samples=16, batch_size=16)  # full batch: one step per epoch
     start = copy.deepcopy(task)
     logger = TensorBoardLogger(tmp_path_factory.mktemp("tb"), name="curve")  # Lightning's defaults

@@ -287,7 +287,7 @@ def test_short_fit_with_sqp_adam_lowers_objective_and_violation(tmp_path, reques
     dm = BurgersData(cache_dir=None, **{**SMALL, "n_train": 1})
     threads = torch.get_num_threads()
     request.addfinalizer(lambda: torch.set_num_threads(threads))  # the task sets 1 thread at setup
-    task = Burgers(optimizer=functools.partial(SQPAdam, lr=1e-3, rho="full"), num_threads=1)
+    task = Burgers(optimizer=functools.partial(SQPAdam, lr=1e-3, rho="full"), num_threads=1, lr_decay="none")
     dm.setup("fit")
     batch = cast_floats(full_batch(dm), torch.float32)
     f0 = task.objective(batch).item()

@@ -260,7 +260,7 @@ def test_imposed_mass_balance_has_a_per_point_jacobian_equal_to_the_general_one(
 def test_nonnegative_imposes_every_concentration_from_below_at_the_constraint_rows() -> None:
     torch.manual_seed(0)
     data = ChemistryData(n_ic=4, n_val_ic=1, n_test_ic=1, n_constraints=6, cache_dir=None)
-    task = Chemistry(nonnegative=True, hidden=16, depth=2)
+    task = Chemistry(nonnegative=True, hidden=16, depth=2, constraint_dtype="native")  # c as the parts give it
     batch = _batch(data, "train", torch.float32)
     c = task.constraints(batch)
     assert [(p.name, p.size, p.sense) for p in task.imposed_layout] == [("mass", 6, "="), ("nonnegative", 24, ">=")]
