@@ -71,7 +71,9 @@ class _Call(nn.Module):
     def __init__(self, module: nn.Module, fn: Callable[..., Any]) -> None:
         super().__init__()
         self.module = module
-        self.fn = fn
+        # not registered: ``fn`` may be the module itself (``Imposed(self, points)``), and a module
+        # registered twice is swapped twice by functional_call and restored to the swapped tensors
+        object.__setattr__(self, "fn", fn)
 
     def forward(self, *args: Any) -> Any:
         return self.fn(*args)

@@ -167,3 +167,25 @@ def test_tolerance_and_finding():
     strict, _ = _stepped(model, batch, 1e-14)  # a tolerance below what float32 weights resolve
     at_weights = 2 * weight_floor(model, batch)
     assert "train the network in float64" in feasibility_finding(model, batch, at_weights, strict)
+
+
+def test_the_module_itself_as_a_promoted_residual_keeps_its_parameters() -> None:
+    """``Imposed(self, points)`` in float64: the module registered once in the wrapper (twice, functional_call
+    restored it to the swapped float64 tensors, and the optimizer's parameters were no longer the module's)."""
+    from lit_constrained.module_parts.constraint_precision import PromotedResidual
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)[:, 0]
+
+    module = Net()
+    before = list(module.parameters())
+    x = torch.linspace(0, 1, 3)[:, None]
+    value = PromotedResidual(module, module)(x)
+    assert value.dtype == torch.float64
+    assert all(a is b for a, b in zip(module.parameters(), before))
+    torch.testing.assert_close(value, module.double()(x.double()), rtol=0, atol=0)
