@@ -6,6 +6,9 @@ and its loss, the sum of the conditions' mean squared residuals), built from the
 initial weights: their hash is recorded) on the same points (the task's data module, one seed):
 
 * ``adam``: PINNacle's vanilla PINN, ``torch.optim.Adam`` (lr 1e-3), nothing imposed;
+* ``auto``: ``configs/pinnacle_<problem>/sqp_adam.yaml``, the package's defaults and nothing chosen per
+  problem: SQP-Adam (lr 1e-3, rho full) with the module's default lr decay over ``--steps`` and every
+  condition imposed at points the module chooses from the objective's (``imposed_count: auto``);
 * ``recommended``: ``configs/pinnacle_<problem>/recommended/sqp_adam.yaml``'s optimizer, lr scheduler
   (if the config has one; its horizon, ``T_max`` or ``total_iters``, stretched to ``--steps``) and
   imposed points (SQP-Adam, lr 1e-3, rho full);
@@ -93,7 +96,7 @@ def imposed_counts(problem: str, variant: str) -> dict[str, int]:
     config = {k: v for k, v in recommended(problem)["data"].items() if k.endswith("_imposed")}
     if variant == "recommended":
         return config
-    if not variant.startswith("sqp"):
+    if variant == "auto" or not variant.startswith("sqp"):
         return {k: 0 for k in config}
     if "+" in variant:  # sqp<P>+<B>[+<I>]: the counts themselves, in the order of ORDER
         counts = [int(n) for n in variant[3:].split("+")]
@@ -124,7 +127,7 @@ def split_variant(variant: str) -> tuple[str, str]:
 
 def is_constrained(base: str) -> bool:
     """Whether the variant ``base`` is the recommended optimizer with points imposed."""
-    return base == "recommended" or base.startswith("sqp")
+    return base in ("recommended", "auto") or base.startswith("sqp")
 
 
 def lr_schedule(variant: str, steps: int, lr: float, spec: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -136,7 +139,7 @@ def lr_schedule(variant: str, steps: int, lr: float, spec: dict[str, Any] | None
     base, suffix = split_variant(variant)
     if suffix == "cos":
         return {"class_path": "torch.optim.lr_scheduler.CosineAnnealingLR", "init_args": {"T_max": steps, "eta_min": lr / 100}}
-    if suffix == "const" or not is_constrained(base) or spec is None:
+    if suffix == "const" or not is_constrained(base) or spec is None or base == "auto":
         return None
     args = {k: steps if k in HORIZONS else v for k, v in spec.get("init_args", {}).items()}
     return {"class_path": spec["class_path"], "init_args": args}
@@ -155,7 +158,8 @@ def build(problem: str, variant: str, points: dict[str, int], seed: int, steps: 
     optimizer = rec["optimizer"] if is_constrained(base) else {"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}}
     torch.manual_seed(seed)
     scheduler = lr_schedule(variant, steps, optimizer["init_args"]["lr"], rec["lr_scheduler"])
-    model = task_cls(optimizer=optimizer, lr_scheduler=scheduler, num_threads=1)
+    extra = {"imposed_count": "auto"} if base == "auto" else {}
+    model = task_cls(optimizer=optimizer, lr_scheduler=scheduler, num_threads=1, **extra)
     return model, data
 
 
@@ -261,7 +265,9 @@ def lightning_run(model: Any, data: Any, recorder_args: dict[str, Any], snapshot
                 rec.snapshot(snapshot, trainer.save_checkpoint, step)
 
     steps = recorder_args["steps"]
-    trainer = pl.Trainer(max_steps=steps * 50, accelerator="cpu", logger=False, enable_checkpointing=False,
+    # a run timed against another's CPU time may go past --steps; otherwise the Trainer's length is the run's
+    # (the module's default lr decay follows it)
+    trainer = pl.Trainer(max_steps=steps * 50 if recorder_args["cpu_budget"] else steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                          callbacks=[Hook()])
     with contextlib.redirect_stdout(io.StringIO()):
@@ -381,6 +387,8 @@ def run_one(problem: str, variant: str, steps: int, points: dict[str, int], seed
     if variant == "lbfgs":
         record["restarts"] = rec.lbfgs["restarts"]
     record |= final_figures(model, data)
+    if getattr(model, "row_choice", None) is not None and model.row_choice.chosen:
+        record["chosen"] = {name: list(points) for name, points in model.row_choice.rows().items()}
     return record
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "SENSES", "Imposed", "PartLayout", "SenseRows", "Sense", "active_rows", "check_sense", "concatenate_parts",
+    "AUTO", "SENSES", "Imposed", "check_count", "PartLayout", "SenseRows", "Sense", "active_rows", "check_sense", "concatenate_parts",
     "imposed_values", "layout_signs", "part_layout", "sense_signs", "split_parts", "violated_part",
 ]
 
@@ -72,11 +72,17 @@ class Imposed:
         points: the imposed points, ``(N, d)`` (a buffer or an entry of the batch).
         sense: ``"="`` (default: ``residual = 0``), ``"<="`` (``residual <= 0``) or ``">="``
             (``residual >= 0``, e.g. ``u - psi >= 0`` for an obstacle ``psi``), for every row of the part.
+        count: how many of ``points`` are imposed. None (default): every point. An integer k: k points
+            of the pool ``points``, chosen by the module (the largest residuals, spread over the pool,
+            re-chosen every ``rechoose_every`` steps: :mod:`lit_constrained.module_parts.row_choice`).
+            ``"auto"``: the module also chooses how many, within its cost budget (an imposed step at
+            most ``imposed_cost_ratio`` times the unconstrained step, measured) and the rank of J.
     """
 
     residual: Callable[[Tensor], Tensor]
     points: Tensor
     sense: Sense = "="
+    count: int | str | None = None
 
     def __post_init__(self) -> None:
         check_sense(self.sense)
@@ -85,6 +91,22 @@ class Imposed:
         if not isinstance(self.points, Tensor) or self.points.dim() != 2:
             shape = tuple(self.points.shape) if isinstance(self.points, Tensor) else type(self.points).__name__
             raise ValueError(f"Imposed.points must be a 2-D tensor (N points, d coordinates), got {shape}.")
+        check_count(self.count)
+
+
+AUTO = "auto"
+"""``Imposed(..., count="auto")``: the module chooses how many points of the pool to impose."""
+
+
+def check_count(count: object) -> None:
+    """A ValueError unless ``count`` is None, ``"auto"`` or an integer >= 1."""
+    if count is None or count == AUTO:
+        return
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(
+            f"Imposed: count must be None (every point imposed), an integer >= 1 (that many points of the pool, "
+            f"chosen by the module) or 'auto' (the module chooses how many), got {count!r}."
+        )
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ hands its work to the step (:class:`~lit_constrained.stepping.TrainingStepper`) 
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -26,6 +27,8 @@ from .module_parts.constraint_precision import ConstraintDType, check_constraint
 from .module_parts.declarations import JacobianMethod
 from .module_parts.schedulers import LrDecay, check_lr_decay, default_decay
 from .module_parts.optimizer_specs import build_optimizer, given_factories
+from .module_parts.row_choice import CHECKPOINT_KEY as ROW_CHOICE_KEY
+from .module_parts.row_choice import RowChoice
 from .module_parts.tags import OBJECTIVE, tag
 from .module_parts.trainer_checks import SHARDING_STRATEGIES, requested_precision
 from .module_parts.varying import VARYING_SCALARS_KEY
@@ -121,6 +124,10 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
             ``estimated_stepping_batches``, when that is finite), ``"linear"`` (the same end, a straight
             line) or ``"none"`` (a constant lr). A named ``lr_scheduler`` always wins
             (:func:`~lit_constrained.module_parts.schedulers.default_decay`; measured: docs/pinnacle.md).
+        rechoose_every: steps between the re-choices of the imposed points of a part with a ``count``
+            (``Imposed(residual, pool, count=k | "auto")``; :mod:`~lit_constrained.module_parts.row_choice`).
+        imposed_cost_ratio: ``count="auto"`` imposes as many points as keep a step within this many
+            unconstrained steps of the same objective (measured at the first choice).
     """
 
     def __init__(
@@ -136,6 +143,8 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         lr_scheduler_monitor: str | None = None,
         constraint_dtype: ConstraintDType = "float64",
         lr_decay: LrDecay = "cosine",
+        rechoose_every: int = 100,
+        imposed_cost_ratio: float = 3.0,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -152,6 +161,8 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         self.pointwise_jacobian = PointwiseJacobian()
         """The per-point Jacobian engine (remembers per residual whether it runs under torch.func)."""
         self._imposed_rows = imposed_rows.ImposedRows()
+        self.row_choice = RowChoice(rechoose_every, imposed_cost_ratio)
+        """Which points of each part with a ``count`` are imposed (saved in checkpoints)."""
         self.num_threads = num_threads
         self.lr_scheduler_monitor = tag(OBJECTIVE, "val") if lr_scheduler_monitor is None else lr_scheduler_monitor
         self.stepper = TrainingStepper(penalty_weight, on_nonfinite, max_grad_norm, max_consecutive_skips)
@@ -325,7 +336,11 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         return step_services.lightning_step_services(self)
 
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
+        if self.row_choice.update(self, self.prepare_batch(batch), self.trainer.global_step):
+            self.stepper.constraint_set_changed()
+        started = time.perf_counter()
         result = self.stepper.step(self, batch, self.step_services())
+        self.row_choice.timed(time.perf_counter() - started)
         if not result.skipped:
             schedulers.step_after_optimizer_step(self.trainer)
         self.last_step = result
@@ -339,6 +354,9 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
     def _log_step(self, result: StepResult) -> None:
         """Log the step (:func:`~lit_constrained.module_parts.step_logging.log_training_step`)."""
         step_logging.log_training_step(self, result, self.imposed_layout, self.diagnostic_charts)
+        if self.row_choice.chosen and self.is_logging_step():
+            for name, (points, _) in self.row_choice.rows().items():
+                self.log(f"imposed/{name}/rows", float(points), on_step=True, on_epoch=False)
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
         return evaluation.log_evaluation_step(self, batch, "val")
@@ -374,7 +392,11 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.diagnostic_charts.restore(checkpoint)
+        if ROW_CHOICE_KEY in checkpoint:
+            self.row_choice.load_state_dict(checkpoint[ROW_CHOICE_KEY], self.device)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.diagnostic_charts.save(checkpoint)
+        if self.row_choice.chosen:
+            checkpoint[ROW_CHOICE_KEY] = self.row_choice.state_dict()
         checkpoint_trust.refuse_nonfinite_weights(checkpoint)

@@ -233,6 +233,11 @@ class TrainingStepper:
         self._sense_rows: tuple[Tensor, int, SenseRows] | None = None  # (signs, copies, rows): the last split
         self._device_signs: tuple[Tensor, Tensor] | None = None  # (the task's signs, their copy on the device)
 
+    def constraint_set_changed(self) -> None:
+        """The task chose other constraint rows (a re-choice of its imposed points): the next step's m may
+        differ from the last one's (otherwise a change of m is an error)."""
+        self.num_constraints = None
+
     def step(self, task: ConstrainedTask, batch: Any, services: StepServices) -> StepResult:
         """One training step of ``task`` on ``batch`` (as the data loader gave it)."""
         try:

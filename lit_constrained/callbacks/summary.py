@@ -307,6 +307,7 @@ class FitSummary(Callback):
                 f"(x {_fmt(ratio)}) over {over}"
             )
             lines.extend(self._inequality_line(trainer))
+            lines.extend(_chosen_rows_line(pl_module))
             lines.extend(self._feasibility_lines(trainer, pl_module, end))
         lines.extend(self._validation_lines(trainer, pl_module, steps))
         ckpt = trainer.checkpoint_callback
@@ -373,4 +374,15 @@ class FitSummary(Callback):
         for key in sorted(figures):
             lines.append(f"    {key:<{width}}  {_fmt(figures[key])}   {self.meaning(pl_module, 'val', key)}")
         return lines
+
+
+def _chosen_rows_line(pl_module: Any) -> list[str]:
+    """``imposed  pde 40 of 1024 points, boundary 12 of 256 (chosen from the pools, every 100 steps)`` for a
+    module whose parts have a ``count`` (its public ``row_choice``); none otherwise."""
+    choice = getattr(pl_module, "row_choice", None)
+    rows = choice.rows() if choice is not None and choice.chosen else {}
+    if not rows:
+        return []
+    parts = ", ".join(f"{name} {points} of {pool}" for name, (points, pool) in rows.items())
+    return [f"  imposed      {parts} points (chosen from the pools, every {choice.every} steps)"]
 

@@ -15,6 +15,7 @@ from ..imposed import (
     Imposed, PartLayout, check_parts, concatenate_parts, imposed_values, layout_signs, part_layout, sense_signs,
 )
 from .constraint_precision import promote_parts
+from .row_choice import RowChoice
 
 
 def _size(layout: Sequence[PartLayout]) -> int:
@@ -31,12 +32,18 @@ class ImposedRows:
         self._signs: tuple[Any, Tensor | None] | None = None  # (what they were computed from, the signs)
 
     def evaluated_parts(self, task: Any, batch: Any) -> dict[str, Imposed] | None:
-        """``task.imposed(batch)`` as c and J evaluate it: checked, each residual in the task's
-        ``constraint_dtype`` (float64 at a float32 network's weights by default)."""
+        """``task.imposed(batch)`` as c and J evaluate it: checked, a part with a ``count`` cut to the
+        points chosen from its pool (``task.row_choice``, :mod:`~lit_constrained.module_parts.row_choice`),
+        each residual in the task's ``constraint_dtype`` (float64 at a float32 network's weights by default)."""
         parts = task.imposed(batch)
         if parts is None:
             return None
         check_parts(parts)
+        choice = getattr(task, "row_choice", None)
+        if choice is not None:
+            parts = choice.apply(task, batch, parts)
+        elif RowChoice.counted(parts):
+            raise ValueError(f"{type(task).__name__}: Imposed(..., count=...) needs a ConstrainedModule (its row_choice).")
         return promote_parts(task, parts, getattr(task, "constraint_dtype", "native"))
 
     def concatenate(self, parts: Mapping[str, Imposed] | None) -> Tensor | None:

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from lit_constrained.imposed import Imposed
+from lit_constrained.imposed import Imposed, check_count
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
@@ -48,6 +48,10 @@ class PinnacleTask(ConstrainedModule):
     Args:
         hidden: width of the hidden layers (PINNacle: 100). depth: hidden layers (PINNacle: 5).
         dtype: ``"float32"`` (PINNacle's) or ``"float64"``; batches are cast to it.
+        imposed_count: None (default): each condition imposed at its ``x_<k>_imposed`` points (the data's
+            ``n_<k>_imposed``). ``"auto"`` or an integer: each condition imposed at points the module
+            chooses from the objective's own points ``x_<k>`` (``Imposed(..., count=imposed_count)``:
+            :mod:`lit_constrained.module_parts.row_choice`); the ``x_<k>_imposed`` are not used.
         **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
 
@@ -55,8 +59,11 @@ class PinnacleTask(ConstrainedModule):
     input_dim: int = 2
     conditions: tuple[str, ...] = ("pde",)
 
-    def __init__(self, hidden: int = 100, depth: int = 5, dtype: DTypeName = "float32", **kwargs: Any) -> None:
+    def __init__(self, hidden: int = 100, depth: int = 5, dtype: DTypeName = "float32",
+                 imposed_count: int | Literal["auto"] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        check_count(imposed_count)
+        self.imposed_count = imposed_count
         self.net = mlp(self.input_dim, hidden, depth, 1)
         self.to(torch_dtype(dtype))
 
@@ -80,6 +87,9 @@ class PinnacleTask(ConstrainedModule):
         return total
 
     def imposed(self, batch: dict[str, Tensor]) -> dict[str, Imposed] | None:
+        if self.imposed_count is not None:
+            return {name: Imposed(self.residual(name), batch[f"x_{name}"], count=self.imposed_count)
+                    for name in self.conditions}
         parts = {name: Imposed(self.residual(name), batch[f"x_{name}_imposed"]) for name in self.conditions}
         return {name: part for name, part in parts.items() if len(part.points)} or None
 

@@ -1,0 +1,334 @@
+r"""Which points of an imposed part's pool are imposed: ``Imposed(residual, pool, count=k | "auto")``.
+
+**The rule** (:func:`spread_largest`). A part with a count holds a pool of :math:`N` candidate points; k
+of them are imposed. Every ``rechoose_every`` steps (and at the first step) the residual is evaluated at
+the whole pool (values only, no Jacobian) and each point scored by how far its rows are from holding:
+:math:`\max_j |r_{ij}|` for an equality, :math:`\max_j r_{ij}` for ``"<="`` and :math:`\max_j (-r_{ij})`
+for ``">="`` (the least slack). The points are taken greedily, highest score first, skipping any point
+closer than :math:`\rho = \tfrac12 k^{-1/d}` (in the pool's bounding box scaled to the unit cube) to one
+already taken, so the k points are the worst ones *spread over the domain* rather than k neighbours of
+one bad spot; when the skipping leaves fewer than k, the best-scored of the skipped fill up. The rows
+chosen stay the same until the next re-choice (the step sees a fixed set of constraints between).
+
+**How many** (``count="auto"``). The module keeps an imposed step within ``imposed_cost_ratio`` (3)
+times the unconstrained step of the same objective, by a cost model it measures once, at the first
+choice of a fit (:class:`CostModel`): :math:`t(m) = t_f + \sum_p m_p t_p + g\,m^2`, with :math:`t_f`
+the objective and its gradient, :math:`t_p` one row of part p's per-point Jacobian (probed on a few of
+its points, in the dtype c and J are evaluated in) and :math:`g\,m^2` the Gram product :math:`J J^\top`
+of the step (timed on a probe of the network's size). The model is then checked against the steps it
+predicts: at each re-choice the measured mean step time since the last one corrects the constraint
+terms (:meth:`CostModel.corrected`), so what the probe misses (the optimizer's own products, its
+post-step corrections) is counted. The budget is split over the auto parts in equal numbers of points
+(:func:`equal_shares`, a part's cap its pool); which points, by the rule above. The total never
+exceeds the rank the step's factorization last reported (``optimizer.diagnostics["rank"]``): rows
+beyond it are dependent and add cost, not constraint. The model, settled after its first correction, is kept (checkpoint),
+so a run resumed after that chooses the same counts and rows as the uninterrupted one, bit for bit.
+
+**Under DDP** the choice is made on every rank and rank 0's is broadcast (one small collective per
+re-choice), so every rank imposes the same rows, for a task whose constraints are shared
+(``constraints_shared``); a task with per-rank constraints keeps each rank's own.
+
+What was chosen is visible: ``imposed/<part>/rows`` (points imposed) in the logger, the fit summary's
+``imposed`` line, and the checkpoint's ``lit_constrained_row_choice`` entry (resume is bit-exact).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..imposed import AUTO, Imposed
+from .constraint_precision import promote_parts
+
+CHECKPOINT_KEY = "lit_constrained_row_choice"
+"""The checkpoint entry holding the chosen rows, the auto counts' cost model and the choice step."""
+
+PROBE_POINTS = 8
+"""Points of a part whose per-point Jacobian is timed for the cost model."""
+
+GRAM_PROBE_ROWS = 64
+"""Rows of the random J whose Gram product is timed for the cost model."""
+
+
+
+# ------------------------------------------------------------------------------------------- the rule
+def row_scores(values: Tensor, sense: str) -> Tensor:
+    """How far each point's rows are from holding, (N,): ``values`` (N, k) of an ``"="``, ``"<="`` or
+    ``">="`` part; a non-finite value scores highest."""
+    v = values.detach().reshape(values.shape[0], -1).to(torch.float64)
+    score = v.abs() if sense == "=" else (v if sense == "<=" else -v)
+    return torch.nan_to_num(score, nan=math.inf).amax(dim=1)
+
+
+def spread_largest(points: Tensor, scores: Tensor, k: int) -> Tensor:
+    r"""The sorted indices of ``k`` of ``points`` (N, d): the highest ``scores`` first, none closer than
+    :math:`\tfrac12 k^{-1/d}` to one taken (coordinates scaled to the pool's unit bounding box), filled
+    up by score if the spacing leaves fewer than k. All N when k >= N."""
+    n = points.shape[0]
+    if k >= n:
+        return torch.arange(n, device=points.device)
+    x = points.detach().to(torch.float64).cpu().numpy()
+    low, high = x.min(axis=0), x.max(axis=0)
+    x = (x - low) / np.where(high > low, high - low, 1.0)
+    radius2 = (0.5 * k ** (-1.0 / x.shape[1])) ** 2
+    order = np.argsort(-scores.cpu().numpy(), kind="stable")
+    blocked = np.zeros(n, dtype=bool)
+    taken: list[int] = []
+    for i in order:
+        if blocked[i]:
+            continue
+        taken.append(int(i))
+        if len(taken) == k:
+            break
+        blocked |= ((x - x[i]) ** 2).sum(axis=1) < radius2
+    if len(taken) < k:
+        chosen = set(taken)
+        taken += [int(i) for i in order if int(i) not in chosen][: k - len(taken)]
+    return torch.as_tensor(sorted(taken), dtype=torch.long, device=points.device)
+
+
+# ------------------------------------------------------------------------------------- the cost model
+@dataclass(frozen=True)
+class CostModel:
+    r"""The measured cost of an imposed step, :math:`t(m) = t_f + \sum_p m_p t_p + g\,m^2` (seconds)."""
+
+    free_s: float
+    """:math:`t_f`: the objective and its gradient (the unconstrained step's work)."""
+    row_s: Mapping[str, float]
+    """:math:`t_p`: one point of part p in the per-point Jacobian (all its rows)."""
+    gram_s: float
+    """:math:`g`: the Gram product per squared row."""
+    settled: bool = False
+    """Corrected once by measured steps (:meth:`corrected`) and kept from then on, so the counts depend on
+    nothing measured afterwards: a run resumed after that chooses exactly as the uninterrupted one."""
+
+    def step_s(self, counts: Mapping[str, int], widths: Mapping[str, int]) -> float:
+        m = sum(counts[name] * widths[name] for name in counts)
+        return self.free_s + sum(counts[name] * self.row_s[name] for name in counts) + self.gram_s * m * m
+
+    def corrected(self, measured_s: float, counts: Mapping[str, int], widths: Mapping[str, int]) -> CostModel:
+        """The model with its constraint terms scaled so that it predicts ``measured_s`` (the mean step
+        measured with ``counts``); itself when nothing was imposed or the measurement is not above
+        :math:`t_f`."""
+        predicted = self.step_s(counts, widths) - self.free_s
+        if predicted <= 0 or not measured_s > self.free_s:
+            return dataclasses.replace(self, settled=True)
+        scale = (measured_s - self.free_s) / predicted
+        return CostModel(self.free_s, {name: t * scale for name, t in self.row_s.items()}, self.gram_s * scale, True)
+
+
+def _median_time(fn: Callable[[], Any], repeats: int = 3) -> float:
+    fn()  # warm-up: the per-point engine chooses its path, caches fill
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_cost(task: Any, batch: Any, parts: Mapping[str, Imposed], widths: Mapping[str, int]) -> CostModel:
+    """:class:`CostModel` of ``task`` on ``batch`` for the auto ``parts`` (their pools; c and J in the
+    task's ``constraint_dtype``)."""
+    params = [p for p in task.parameters() if p.requires_grad]
+
+    def objective_and_gradient() -> None:
+        with torch.enable_grad():
+            torch.autograd.grad(task.objective(batch), params, allow_unused=True)
+
+    free = _median_time(objective_and_gradient)
+    promoted = promote_parts(task, parts, getattr(task, "constraint_dtype", "native")) or {}
+    row_s = {}
+    for name, part in promoted.items():
+        probe = part.points[:PROBE_POINTS]
+        spec = [(part.residual, probe, widths[name])]
+        dtype = part.residual(probe[:1]).dtype  # c's dtype: float64 when promoted
+        t = _median_time(lambda: task.pointwise_jacobian(task, params, spec, rows=None, dtype=dtype), 2)
+        row_s[name] = t / probe.shape[0]
+    n = sum(p.numel() for p in params)
+    dtype = params[0].dtype if params else torch.float32
+    probe_j = torch.randn(GRAM_PROBE_ROWS, n, dtype=dtype, device=params[0].device if params else None)
+    gram = _median_time(lambda: (probe_j @ probe_j.T).to(torch.float64), 2)
+    return CostModel(free, row_s, gram / GRAM_PROBE_ROWS**2)
+
+
+def auto_counts(cost: CostModel, budget: float, shares: Mapping[str, float], pools: Mapping[str, int],
+                widths: Mapping[str, int], max_rows: int | None) -> dict[str, int]:
+    """The most points per auto part, in proportion to ``shares``, whose step costs at most ``budget``
+    times :math:`t_f` and whose rows stay within ``max_rows`` (None: no cap); at least one point."""
+
+    def counts(scale: float) -> dict[str, int]:
+        return {name: min(pools[name], int(scale * shares[name])) for name in shares}
+
+    def fits(c: Mapping[str, int]) -> bool:
+        rows = sum(c[name] * widths[name] for name in c)
+        return cost.step_s(c, widths) <= budget * cost.free_s and (max_rows is None or rows <= max_rows)
+
+    low, high = 0.0, float(sum(pools.values())) / min(shares.values())
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (middle, high) if fits(counts(middle)) else (low, middle)
+    chosen = counts(low)
+    if sum(chosen.values()) == 0:
+        chosen[max(shares, key=lambda name: shares[name])] = 1
+    return chosen
+
+
+def equal_shares(names: Iterable[str]) -> dict[str, float]:
+    """The auto budget's split: the same number of points for every auto part (a part whose pool is
+    smaller passes the rest on: :func:`auto_counts` caps each at its pool). Measured against a split by
+    each part's mean squared residual: on Wave1d-C that gives the initial condition 35 of 37 points at
+    the first choice (its residual dominates a fresh network's) and the objective grew from 0.57 to
+    4.8e4 in 30 steps; the equal split is the project's swept family (``sqp<N>``: N / 2 PDE points)."""
+    names = list(names)
+    return {name: 1.0 / len(names) for name in names}
+
+
+# -------------------------------------------------------------------------------------- the choice
+class RowChoice:
+    """The rows of each counted part that are imposed now, re-chosen every ``every`` steps.
+
+    Args:
+        every: steps between re-choices (``rechoose_every``).
+        budget: the auto counts' cost bound, in unconstrained steps (``imposed_cost_ratio``).
+    """
+
+    def __init__(self, every: int = 100, budget: float = 3.0) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"rechoose_every must be an integer >= 1 (steps between re-choices), got {every!r}.")
+        if not isinstance(budget, (int, float)) or not budget > 1:
+            raise ValueError(
+                f"imposed_cost_ratio must be a number > 1 (an imposed step's cost in unconstrained steps), got {budget!r}."
+            )
+        self.every = every
+        self.budget = float(budget)
+        self.chosen: dict[str, Tensor] = {}
+        """Each counted part's imposed points: sorted indices into its pool."""
+        self.pools: dict[str, int] = {}
+        """Each counted part's pool size when its points were chosen."""
+        self.cost: CostModel | None = None
+        self.chosen_at: int | None = None
+        """The step of the last choice (None: none yet)."""
+        self._step_times: list[float] = []  # the steps' seconds since the last choice (the model's check)
+
+    def timed(self, seconds: float) -> None:
+        """Record one training step's duration (the module times its step)."""
+        self._step_times.append(seconds)
+
+    @staticmethod
+    def counted(parts: Mapping[str, Imposed] | None) -> dict[str, Imposed]:
+        return {name: part for name, part in (parts or {}).items() if part.count is not None}
+
+    def due(self, step: int) -> bool:
+        return self.chosen_at is None or step - self.chosen_at >= self.every
+
+    def apply(self, task: Any, batch: Any, parts: Mapping[str, Imposed] | None) -> dict[str, Imposed] | None:
+        """``parts`` with each counted part's points cut to its chosen ones (chosen now if it has none
+        yet or its pool changed size)."""
+        if parts is None:
+            return None
+        counted = self.counted(parts)
+        if any(name not in self.chosen or self.pools[name] != part.points.shape[0] for name, part in counted.items()):
+            self.choose(task, batch, parts, self.chosen_at if self.chosen_at is not None else 0)
+        return {name: (dataclasses.replace(part, points=part.points[self.chosen[name]], count=None)
+                       if name in counted else part) for name, part in parts.items()}
+
+    def update(self, task: Any, batch: Any, step: int) -> bool:
+        """Re-choose the counted parts' points of ``task.imposed(batch)`` if ``step`` is due; whether it did."""
+        if self.due(step):
+            parts = task.imposed(batch)
+            if self.counted(parts):
+                self.choose(task, batch, parts, step)
+                return True
+        return False
+
+    def choose(self, task: Any, batch: Any, parts: Mapping[str, Imposed], step: int) -> None:
+        """Choose every counted part's points at the current weights (:func:`spread_largest`)."""
+        counted = self.counted(parts)
+        with torch.enable_grad():
+            values = {name: _as_rows(part.residual(part.points)).detach() for name, part in counted.items()}
+        widths = {name: v.shape[1] for name, v in values.items()}
+        counts = {name: min(int(part.count), part.points.shape[0])
+                  for name, part in counted.items() if part.count != AUTO}
+        auto = {name: part for name, part in counted.items() if part.count == AUTO}
+        if auto:
+            if self.cost is None or set(self.cost.row_s) != set(auto):
+                self.cost = measure_cost(task, batch, auto, widths)
+            elif not self.cost.settled and len(self._step_times) >= 3 and set(self.chosen) == set(counted):
+                last = {name: int(self.chosen[name].numel()) for name in auto}
+                self.cost = self.cost.corrected(statistics.median(self._step_times[1:]), last, widths)
+            fixed_rows = sum(counts[name] * widths[name] for name in counts)
+            rank = _last_rank(task)
+            max_rows = None if rank is None else max(rank - fixed_rows, 1)
+            counts.update(auto_counts(self.cost, self.budget, equal_shares(auto),
+                                      {n: p.points.shape[0] for n, p in auto.items()}, widths, max_rows))
+        chosen = {name: spread_largest(counted[name].points, row_scores(values[name], counted[name].sense), k)
+                  for name, k in counts.items()}
+        self.chosen = _same_on_every_rank(chosen, getattr(task, "constraints_shared", True))
+        self.pools = {name: part.points.shape[0] for name, part in counted.items()}
+        self.chosen_at = step
+        self._step_times = []
+
+    def rows(self) -> dict[str, tuple[int, int]]:
+        """Each counted part's (points imposed, pool size)."""
+        return {name: (int(index.numel()), self.pools[name]) for name, index in self.chosen.items()}
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        cost = None if self.cost is None else dataclasses.asdict(self.cost)
+        return {"chosen": {name: index.cpu() for name, index in self.chosen.items()}, "pools": dict(self.pools),
+                "cost": cost, "chosen_at": self.chosen_at}
+
+    def load_state_dict(self, state: Mapping[str, Any], device: torch.device | None = None) -> None:
+        self.chosen = {name: torch.as_tensor(index, dtype=torch.long, device=device)
+                       for name, index in state["chosen"].items()}
+        self.pools = {name: int(size) for name, size in state["pools"].items()}
+        cost = state.get("cost")
+        self.cost = None if cost is None else CostModel(float(cost["free_s"]), dict(cost["row_s"]), float(cost["gram_s"]),
+                                                        bool(cost.get("settled", False)))
+        self.chosen_at = state.get("chosen_at")
+
+
+def _as_rows(values: Tensor) -> Tensor:
+    return values[:, None] if values.dim() == 1 else values.reshape(values.shape[0], -1)
+
+
+def _last_rank(task: Any) -> int | None:
+    """The rank of J the task's optimizer reported last (None: none yet, or not an SQP optimizer)."""
+    try:
+        optimizer = task.optimizers()
+    except (RuntimeError, AttributeError):  # not attached to a Trainer, or no optimizer yet
+        return None
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    rank = getattr(optimizer, "diagnostics", {}).get("rank") if isinstance(getattr(optimizer, "diagnostics", None), Mapping) else None
+    return None if rank is None else int(rank)
+
+
+def _same_on_every_rank(chosen: dict[str, Tensor], shared: bool) -> dict[str, Tensor]:
+    """Rank 0's choice on every rank (a broadcast of the counts, then of the indices) when a process
+    group runs and the constraints are shared; ``chosen`` as it is otherwise."""
+    import torch.distributed as dist
+
+    if not shared or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return chosen
+    names = list(chosen)
+    device = next(iter(chosen.values())).device if chosen else torch.device("cpu")
+    if dist.get_backend() == "nccl" and device.type != "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    sizes = torch.tensor([chosen[name].numel() for name in names], dtype=torch.long, device=device)
+    dist.broadcast(sizes, src=0)
+    flat = torch.zeros(int(sizes.sum()), dtype=torch.long, device=device)
+    if dist.get_rank() == 0:
+        flat = torch.cat([chosen[name].to(device) for name in names]) if names else flat
+    dist.broadcast(flat, src=0)
+    pieces = torch.split(flat, sizes.tolist())
+    return {name: piece.to(chosen[name].device) for name, piece in zip(names, pieces)}

@@ -1,0 +1,210 @@
+"""module_parts.row_choice: which points of a pool are imposed (``Imposed(..., count=k | "auto")``), how many
+``"auto"`` takes within its cost budget, the choice kept in checkpoints (resume bit-exact) and the same on
+every DDP rank."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lit_constrained import ConstrainedModule, Imposed
+from lit_constrained.module_parts.row_choice import (
+    CHECKPOINT_KEY, CostModel, auto_counts, equal_shares, row_scores, spread_largest,
+)
+from tests.helpers.lightning import quiet_trainer
+
+
+# --------------------------------------------------------------------------------------- the rule
+def test_the_largest_residuals_spread_over_the_domain_are_chosen() -> None:
+    """Two bumps of |r| on [0, 1], peaks at 0.2 (height 3) and 0.7 (height 2): k = 2 takes both peaks, not the
+    tallest peak and its neighbour; k = 1 the tallest."""
+    x = torch.linspace(0, 1, 101, dtype=torch.float64)[:, None]
+    score = 3 * torch.exp(-((x[:, 0] - 0.2) / 0.05) ** 2) + 2 * torch.exp(-((x[:, 0] - 0.7) / 0.05) ** 2)
+    assert spread_largest(x, score, 2).tolist() == [20, 70]
+    assert spread_largest(x, score, 1).tolist() == [20]
+    assert spread_largest(x, score, 200).tolist() == list(range(101))  # k >= N: every point
+
+
+def test_without_room_the_best_scored_fill_up() -> None:
+    """Ten points in a cluster of width 1e-3 and one far away: k = 5 cannot be spread, the best fill up."""
+    x = torch.cat([torch.linspace(0, 1e-3, 10), torch.tensor([1.0])])[:, None]
+    score = torch.arange(11, dtype=torch.float64)  # the far point scores highest
+    assert spread_largest(x, score, 5).tolist() == [6, 7, 8, 9, 10]
+
+
+def test_scores_follow_the_sense() -> None:
+    r = torch.tensor([[-2.0, 0.5], [1.0, -0.1], [float("nan"), 0.0]], dtype=torch.float64)
+    assert row_scores(r, "=").tolist() == [2.0, 1.0, math.inf]
+    assert row_scores(r, "<=").tolist() == [0.5, 1.0, math.inf]  # the most positive: the most violated
+    assert row_scores(r, ">=").tolist() == [2.0, 0.1, math.inf]  # the least slack
+
+
+def test_auto_counts_fill_the_budget_by_hand() -> None:
+    """t_f = 1 s, 0.1 s a point, no Gram: a budget of 3 leaves 2 s, 20 points, 10 to each part; a pool of 4
+    caps its part, the other takes 16; a cap of 12 rows (widths 1 and 2) allows 4 + 4."""
+    cost = CostModel(free_s=1.0, row_s={"a": 0.1, "b": 0.1}, gram_s=0.0)
+    widths = {"a": 1, "b": 1}
+    shares = equal_shares(["a", "b"])
+    assert auto_counts(cost, 3.0, shares, {"a": 100, "b": 100}, widths, None) == {"a": 10, "b": 10}
+    assert auto_counts(cost, 3.0, shares, {"a": 4, "b": 100}, widths, None) == {"a": 4, "b": 16}
+    assert auto_counts(cost, 3.0, shares, {"a": 100, "b": 100}, {"a": 1, "b": 2}, 12) == {"a": 4, "b": 4}
+    # with a Gram term: 1 + 0.1 m + 0.01 m^2 <= 3 -> m = 10 (m = 11 costs 3.31)
+    gram = CostModel(free_s=1.0, row_s={"a": 0.1}, gram_s=0.01)
+    assert auto_counts(gram, 3.0, {"a": 1.0}, {"a": 100}, {"a": 1}, None) == {"a": 10}
+
+
+def test_a_correction_scales_the_constraint_terms_to_the_measured_step() -> None:
+    cost = CostModel(free_s=1.0, row_s={"a": 0.1}, gram_s=0.0)
+    corrected = cost.corrected(3.0, {"a": 10}, {"a": 1})  # predicted 2.0, measured 3.0: the rows cost 2x
+    assert corrected.row_s == {"a": 0.2} and corrected.settled and corrected.free_s == 1.0
+
+
+def test_a_count_is_checked() -> None:
+    x = torch.zeros(3, 1)
+    for bad in (0, -1, 2.5, "many", True):
+        with pytest.raises(ValueError, match="count must be None"):
+            Imposed(lambda p: p[:, 0], x, count=bad)
+
+
+# -------------------------------------------------------------------------------------- a module
+class Bumps(ConstrainedModule):
+    """u = 0 at start (the last layer zeroed), imposed u = g at a pool of 101 points, count k: the residual
+    -g has its largest values at g's two peaks (x = 0.2 and 0.7), which the first choice must take."""
+
+    def __init__(self, count: Any = 2, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        torch.nn.init.zeros_(self.net[2].weight)
+        torch.nn.init.zeros_(self.net[2].bias)
+        self.register_buffer("pool", torch.linspace(0, 1, 101)[:, None])
+        self.count = count
+
+    @staticmethod
+    def target(x: torch.Tensor) -> torch.Tensor:
+        return 3 * torch.exp(-((x[:, 0] - 0.2) / 0.05) ** 2) + 2 * torch.exp(-((x[:, 0] - 0.7) / 0.05) ** 2)
+
+    def objective(self, batch: Any) -> torch.Tensor:
+        return (self.net(self.pool)[:, 0] - self.target(self.pool)).pow(2).mean()
+
+    def residual(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)[:, 0] - self.target(x)
+
+    def imposed(self, batch: Any) -> dict[str, Imposed]:
+        return {"fit": Imposed(self.residual, self.pool, count=self.count)}
+
+
+def _loader() -> DataLoader:
+    return DataLoader([0], batch_size=None)
+
+
+def test_the_first_choice_takes_the_known_worst_points_and_imposes_only_them() -> None:
+    model = Bumps(count=2, rechoose_every=1000, lr_decay="none")
+    assert model.constraints(None).numel() == 2  # chosen on first use
+    assert model.row_choice.chosen["fit"].tolist() == [20, 70]
+    quiet_trainer(max_steps=40, limit_val_batches=0).fit(model, train_dataloaders=_loader())
+    assert model.row_choice.rows() == {"fit": (2, 101)}
+    residual = model.residual(model.pool).detach()
+    assert residual[[20, 70]].abs().max() < 1e-5  # the two imposed points hold
+
+
+def test_a_re_choice_moves_the_rows_and_the_step_accepts_the_new_m() -> None:
+    """After the peaks are imposed the worst points are elsewhere: the re-choice at step 5 takes others."""
+    model = Bumps(count=2, rechoose_every=5, lr_decay="none")
+    quiet_trainer(max_steps=6, limit_val_batches=0).fit(model, train_dataloaders=_loader())
+    assert model.row_choice.chosen_at == 5 and model.row_choice.chosen["fit"].tolist() != [20, 70]
+
+
+def test_auto_measures_its_cost_and_stays_within_the_pool_and_the_summary_names_it(capsys: pytest.CaptureFixture) -> None:
+    model = Bumps(count="auto", rechoose_every=10)
+    quiet_trainer(max_steps=12, limit_val_batches=0).fit(model, train_dataloaders=_loader())
+    points, pool = model.row_choice.rows()["fit"]
+    assert 1 <= points <= pool == 101
+    assert model.row_choice.cost is not None and model.row_choice.cost.settled  # corrected at step 10
+    assert model.row_choice.cost.free_s > 0 and model.row_choice.cost.row_s["fit"] > 0
+    assert f"imposed      fit {points} of 101 points (chosen from the pools, every 10 steps)" in capsys.readouterr().out
+
+
+def _fit_to(directory: Path, steps: int, resume: bool, count: Any = "auto") -> Bumps:
+    from lit_constrained.callbacks.checkpointing import CrashSafeCheckpoint
+
+    model = Bumps(count=count, rechoose_every=4, lr_decay="none")
+    trainer = quiet_trainer(max_steps=steps, limit_val_batches=0, enable_checkpointing=True,
+                            callbacks=[CrashSafeCheckpoint(dirpath=str(directory))])
+    trainer.fit(model, train_dataloaders=_loader(), ckpt_path="last" if resume else None)
+    return model
+
+
+def test_resume_with_auto_rows_is_bit_exact(tmp_path: Path) -> None:
+    """A run stopped at step 10 (its cost model settled at step 4), resumed to 20 twice from the same
+    checkpoint: bit-identical (the rows, the counts' cost model and the choice step come from the
+    checkpoint; nothing measured after the settling enters the choice)."""
+    _fit_to(tmp_path, 10, resume=False)
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert saved[CHECKPOINT_KEY]["cost"]["settled"] and saved[CHECKPOINT_KEY]["chosen_at"] == 8
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "last.ckpt").write_bytes((tmp_path / "last.ckpt").read_bytes())
+    first = _fit_to(tmp_path, 20, resume=True)
+    second = _fit_to(tmp_path / "copy", 20, resume=True)
+    assert first.row_choice.chosen["fit"].tolist() == second.row_choice.chosen["fit"].tolist()
+    for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_resume_with_re_chosen_rows_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+    """count = 3 (no timing in the choice): 10 steps, resumed to 20, against 20 steps in one go (re-choices at
+    0, 4, 8, 12, 16)."""
+    (tmp_path / "whole").mkdir()
+    whole = _fit_to(tmp_path / "whole", 20, resume=False, count=3)
+    _fit_to(tmp_path, 10, resume=False, count=3)
+    resumed = _fit_to(tmp_path, 20, resume=True, count=3)
+    assert resumed.row_choice.chosen_at == whole.row_choice.chosen_at == 16
+    assert resumed.row_choice.chosen["fit"].tolist() == whole.row_choice.chosen["fit"].tolist()
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+# ------------------------------------------------------------------------------------------- DDP
+def _rank_choice(rank: int, world: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from lit_constrained.module_parts.row_choice import _same_on_every_rank
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        mine = {"pde": torch.tensor([rank, rank + 3, rank + 7]), "bc": torch.arange(rank + 1)}  # differ per rank
+        got = _same_on_every_rank(mine, shared=True)
+        torch.save({name: t.tolist() for name, t in got.items()}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_under_ddp_every_rank_imposes_rank_zeros_choice(tmp_path: Path) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.start_processes(_rank_choice, args=(2, port, str(tmp_path / "choice")), nprocs=2, join=False,
+                                 start_method="spawn")
+    deadline = 100.0
+    import time
+
+    start = time.monotonic()
+    while not context.join(timeout=5):
+        if time.monotonic() - start > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the ranks did not finish within 100 s (a deadlock)")
+    choices = [torch.load(tmp_path / f"choice.{rank}") for rank in (0, 1)]
+    assert choices[0] == choices[1] == {"pde": [0, 3, 7], "bc": [0]}
