@@ -9,21 +9,23 @@ hold the initial weights' hash) on the same points (the data module of one seed)
 * ``recommended``: ``configs/pinnacle_<problem>/recommended/sqp_adam.yaml``'s optimizer and imposed points
   (SQP-Adam, lr 1e-3, rho full; the package's default cosine lr decay over ``--steps``): the PDE (a
   inside it), a's boundary values and the band |u - d| <= k sigma held exactly;
+* ``band``: ``recommended/sqp_adam_band.yaml``: the same with the band |u - d| <= k sigma imposed too at
+  50 observations (the two one-sided parts);
 * ``adam``: ``torch.optim.Adam`` (lr 1e-3, constant, PINNacle's), nothing imposed, run until both
   ``--steps`` steps and the recommended run's CPU time are reached (so one run gives both comparisons).
 
 Recorded every ``--every`` steps: the CPU time so far (``time.process_time``, the evaluations and
 snapshots left out), ``rel_l2_u``, ``rel_l2_a`` and PINNacle's ``rel_l2`` (u and a stacked) on the test
-grid, and max |r| of the PDE at the recommended config's imposed points. For the recommended run also
+grid, and max |r| of the PDE at the recommended config's imposed points. For the constrained runs also
 after EVERY step: max |c| of its ``pde`` rows, of its ``coef`` rows and the band's largest violation
 (``per_step``), for the target "the PDE rows held at tolerance at every step after step 50".
 
-Records: one JSON line per run in ``--out`` (default ``benchmarks/results/pinnacle_inverse/runs.jsonl``),
+Records: one JSON line per run in ``--out`` (default ``benchmarks/results/pinnacle_inverse/<problem>.jsonl``),
 appended when a run ends; a restart skips the runs recorded (same problem, variant, steps, seed) and
 continues a run in progress from its snapshot (``<out>.partial/``, every ``--snapshot-every`` steps)::
 
-    nice -n 10 env OMP_NUM_THREADS=1 python benchmarks/pinnacle_inverse.py --steps 2000 &   # resumable
-    python benchmarks/pinnacle_inverse.py --report                                          # the table
+    nice -n 10 env OMP_NUM_THREADS=1 python benchmarks/pinnacle_inverse.py --problems pinv --steps 2000 &  # resumable
+    python benchmarks/pinnacle_inverse.py --report                                                       # the table
 """
 
 from __future__ import annotations
@@ -51,15 +53,17 @@ from machine import cpu_model  # noqa: E402
 
 PROBLEMS = ("pinv", "hinv")
 NAMES = {"pinv": "PInv", "hinv": "HInv"}
-VARIANTS = ("recommended", "adam")
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "pinnacle_inverse" / "runs.jsonl"
+VARIANTS = ("recommended", "band", "adam")
+#: the config of each constrained variant
+CONFIGS = {"recommended": "sqp_adam.yaml", "band": "sqp_adam_band.yaml"}
+RESULTS = ROOT / "benchmarks" / "results" / "pinnacle_inverse"
 PARTS = ("pde", "coef", "band_upper", "band_lower")
 
 
-def config(problem: str) -> dict[str, Any]:
+def config(problem: str, variant: str = "recommended") -> dict[str, Any]:
     import yaml
 
-    path = ROOT / "configs" / f"pinnacle_{problem}" / "recommended" / "sqp_adam.yaml"
+    path = ROOT / "configs" / f"pinnacle_{problem}" / "recommended" / CONFIGS.get(variant, "sqp_adam.yaml")
     return yaml.safe_load(path.read_text())
 
 
@@ -68,13 +72,13 @@ def build(problem: str, variant: str, seed: int) -> tuple[Any, Any, Any]:
     data (its imposed points: where every variant's PDE residual is measured)."""
     from lit_constrained.tasks import pinnacle_inverse
 
-    spec = config(problem)
+    spec = config(problem, variant)
     task_cls = getattr(pinnacle_inverse, spec["model"]["class_path"].rsplit(".", 1)[1])
     data_cls = getattr(pinnacle_inverse, spec["data"]["class_path"].rsplit(".", 1)[1])
     data_args = {**spec["data"]["init_args"], "seed": seed}
-    measured = data_cls(**data_args)
-    if variant == "recommended":
-        data, optimizer = measured, spec["model"]["init_args"]["optimizer"]
+    measured = data_cls(**{**config(problem)["data"]["init_args"], "seed": seed})
+    if variant in CONFIGS:
+        data, optimizer = data_cls(**data_args), spec["model"]["init_args"]["optimizer"]
     else:
         data = data_cls(**{**data_args, **{k: 0 for k in data_args if k.endswith("_imposed")}})
         optimizer = {"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}}
@@ -237,7 +241,7 @@ def run_one(problem: str, variant: str, steps: int, seed: int, every: int, cpu_b
         "points": {k: data.hparams[k] for k in ("n_pde", "n_coef")},
         "trajectory_columns": ["step", "cpu_s", "rel_l2_u", "rel_l2_a", "rel_l2", "max_pde_at_imposed"],
     }
-    args = {"every": every, "steps": steps, "cpu_budget": cpu_budget, "per_step": variant == "recommended"}
+    args = {"every": every, "steps": steps, "cpu_budget": cpu_budget, "per_step": variant in CONFIGS}
     wall = time.perf_counter()
     rec = train(model, data, measured, args, out, run_key(problem, variant, steps, seed), snapshot_every)
     record["wall_s"] = round(time.perf_counter() - wall, 1)
@@ -271,7 +275,7 @@ def report(records: list[dict[str, Any]]) -> str:
             s = [row for row in r["trajectory"] if row[0] <= steps][-1]
             c = [row for row in r["trajectory"] if budget is not None and row[1] <= budget * 1.02]
             eq = f"{c[-1][2]:.2e} / {c[-1][3]:.2e} / {c[-1][4]:.2e} ({int(c[-1][0])})" if c and variant != "recommended" else "-"
-            name = variant if variant != "recommended" else f"recommended ({sum(r['imposed'].values())} points imposed)"
+            name = variant if variant not in CONFIGS else f"{variant} ({sum(r['imposed'].values())} points imposed)"
             worst = after(r, 50)
             lines.append(f"| {NAMES[problem]} | {steps} | {seed} | {name} | {s[2]:.2e} / {s[3]:.2e} / {s[4]:.2e} | "
                          f"{s[1]:.0f} | {eq} | {r['trajectory'][-1][5]:.1e} | "
@@ -287,17 +291,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--every", type=int, default=100, help="record the test errors every N steps")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=None, help="default: <results>/<problem>.jsonl")
     parser.add_argument("--snapshot-every", type=int, default=250, help="0: none")
     parser.add_argument("--report", action="store_true", help="print the table of the records and exit")
     args = parser.parse_args(argv)
     quiet()
     torch.set_num_threads(1)
+    problems = args.problems.split(",")
+    outs = {problem: args.out or RESULTS / f"{problem}.jsonl" for problem in problems}
     if args.report:
-        print(report(load(args.out)))
+        print(report([r for out in dict.fromkeys(outs.values()) for r in load(out)]))
         return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    for problem in args.problems.split(","):
+    for problem in problems:
+        args.out = outs[problem]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         for variant in args.variants.split(","):
             key = run_key(problem, variant, args.steps, args.seed)
             records = load(args.out)
@@ -315,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             last = record["trajectory"][-1]
             print(f"{problem} {variant}: rel. L2 u {last[2]:.3e}, a {last[3]:.3e} after {int(last[0])} steps, "
                   f"{last[1]:.0f} CPU s", flush=True)
-    print(report(load(args.out)))
+    print(report([r for out in dict.fromkeys(outs.values()) for r in load(out)]))
     return 0
 
 
