@@ -1,5 +1,6 @@
 """The papers' tasks (spring, chemistry, Burgers, Darcy), the 2D Poisson problem and four PINNacle problems
-(Burgers1d-C, Poisson2d-C, Wave1d-C, Heat2d-MS: :mod:`lit_constrained.tasks.pinnacle`).
+(Burgers1d-C, Poisson2d-C, Wave1d-C, Heat2d-MS: :mod:`lit_constrained.tasks.pinnacle`) and its two inverse
+problems (PInv, HInv: :mod:`lit_constrained.tasks.pinnacle_inverse`).
 
 Darcy is imported on first use (``lit_constrained.tasks.Darcy`` or ``lit_constrained.tasks.darcy``); its
 FNO needs neuraloperator, the optional ``[fno]`` extra, imported only when a ``Darcy`` is built."""
@@ -14,11 +15,13 @@ from .pinnacle import (
     BurgersPinnacle, BurgersPinnacleData, HeatPinnacle, HeatPinnacleData, PoissonPinnacle, PoissonPinnacleData,
     WavePinnacle, WavePinnacleData,
 )
+from .pinnacle_inverse import HeatInverse, HeatInverseData, PoissonInverse, PoissonInverseData
 
 __all__ = [
     "Spring", "SpringData", "Chemistry", "ChemistryData", "Burgers", "BurgersData", "Poisson", "PoissonData",
     "Darcy", "DarcyData", "BurgersPinnacle", "BurgersPinnacleData", "PoissonPinnacle", "PoissonPinnacleData",
     "WavePinnacle", "WavePinnacleData", "HeatPinnacle", "HeatPinnacleData",
+    "PoissonInverse", "PoissonInverseData", "HeatInverse", "HeatInverseData",
 ]
 
 
