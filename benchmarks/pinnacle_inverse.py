@@ -283,6 +283,37 @@ def report(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def noise_floor() -> list[str]:
+    """What the noise leaves to any estimate of u from the observations: the relative L2 error on the test
+    grid of the least-squares fit of the 2 500 noisy values on p functions that contain the exact u
+    (PInv: sin(j pi x) sin(k pi y), j, k <= K; HInv: the exact shape e^-t sin(pi x) sin(pi y), p = 1,
+    and sin(j pi x) sin(k pi y) t^l, j, k <= K, l < 3), beside sigma sqrt(p / N) / rms(u), its expected value."""
+    import numpy as np
+
+    from lit_constrained.tasks.pinnacle_inverse_data import hinv_points, pinv_points
+
+    def sines(p: np.ndarray, k: int, powers: int = 1) -> np.ndarray:
+        return np.stack([np.sin(i * np.pi * p[:, 0]) * np.sin(j * np.pi * p[:, 1]) * p[:, -1] ** l
+                         for i in range(1, k + 1) for j in range(1, k + 1) for l in range(powers)], 1)
+
+    def exact_shape(p: np.ndarray) -> np.ndarray:
+        return (np.exp(-p[:, 2]) * np.sin(np.pi * p[:, 0]) * np.sin(np.pi * p[:, 1]))[:, None]
+
+    lines = []
+    for name, arrays, bases in (
+            ("PInv", pinv_points(), [(f"sines K={k}", lambda p, k=k: sines(p, k)) for k in (1, 2, 3, 4)]),
+            ("HInv", hinv_points(), [("exact shape", exact_shape)] +
+             [(f"sines K={k} x t^l, l<3", lambda p, k=k: sines(p, k, 3)) for k in (2, 3)])):
+        x, d, xt, ut = arrays["x_obs"], arrays["d_obs"], arrays["x_test"], arrays["u_test"]
+        for label, basis in bases:
+            coef, *_ = np.linalg.lstsq(basis(x), d, rcond=None)
+            error = np.linalg.norm(basis(xt) @ coef - ut) / np.linalg.norm(ut)
+            p = basis(x).shape[1]
+            expected = 0.1 * np.sqrt(p / len(d)) / np.sqrt((ut**2).mean())
+            lines.append(f"{name} {label} (p = {p}): rel. L2 u {error:.2e} (sigma sqrt(p/N) / rms u: {expected:.2e})")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -294,9 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="default: <results>/<problem>.jsonl")
     parser.add_argument("--snapshot-every", type=int, default=250, help="0: none")
     parser.add_argument("--report", action="store_true", help="print the table of the records and exit")
+    parser.add_argument("--floor", action="store_true", help="print what the noise leaves to a least-squares fit of u")
     args = parser.parse_args(argv)
     quiet()
     torch.set_num_threads(1)
+    if args.floor:
+        print("\n".join(noise_floor()))
+        return 0
     problems = args.problems.split(",")
     outs = {problem: args.out or RESULTS / f"{problem}.jsonl" for problem in problems}
     if args.report:
