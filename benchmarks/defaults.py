@@ -7,7 +7,7 @@ length if shorter) from the config's seed, once per variant:
 
 * ``float64+cosine``: the defaults (``constraint_dtype="float64"``, ``lr_decay="cosine"``);
 * ``native+cosine``: c and J in float32;
-* ``float64+linear`` / ``float64+none``: the other decays.
+* ``float64+linear`` / ``float64+none``: the other decays; ``native+none``: the previous defaults.
 
 Recorded per run: the task's test error (its first evaluation metric, e.g. ``rel_l2``), max |c| of the
 imposed rows at the end, and the CPU time. Records: one JSON line per run in ``--out`` (default
@@ -41,6 +41,7 @@ VARIANTS = {
     "native+cosine": {"constraint_dtype": "native", "lr_decay": "cosine"},
     "float64+linear": {"constraint_dtype": "float64", "lr_decay": "linear"},
     "float64+none": {"constraint_dtype": "float64", "lr_decay": "none"},
+    "native+none": {"constraint_dtype": "native", "lr_decay": "none"},
 }
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "defaults" / "runs.jsonl"
 

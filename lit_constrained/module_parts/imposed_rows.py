@@ -74,7 +74,9 @@ class ImposedRows:
         self, task: Any, batch: Any, constraints: Tensor, params: Sequence[Tensor], rows: slice | None
     ) -> Tensor:
         """J of ``task.imposed(batch)`` by ``task.pointwise_jacobian`` (the rows ``rows``; all: None), in
-        the dtype of ``constraints``, which must be the parts' residuals."""
+        the parameters' dtype (``constraints``, which must be the parts' residuals, may be float64: a
+        promoted residual's gradient with respect to float32 parameters is float32 already, so a float64
+        J would only hold the same numbers at twice the memory, for the optimizer to round back)."""
         name = type(task).__name__
         parts = self.evaluated_parts(task, batch)
         if parts is None:
@@ -88,4 +90,6 @@ class ImposedRows:
                 f"{_size(layout)}: with the pointwise Jacobian they must be the same residuals."
             )
         specs = [(part.residual, part.points, piece.width) for part, piece in zip(parts.values(), layout)]
-        return task.pointwise_jacobian(task, params, specs, rows=rows, dtype=constraints.dtype)
+        floating = [p.dtype for p in params if p.is_floating_point()]
+        dtype = floating[0] if floating and all(d == floating[0] for d in floating) else constraints.dtype
+        return task.pointwise_jacobian(task, params, specs, rows=rows, dtype=dtype)

@@ -76,6 +76,8 @@ def spread_largest(points: Tensor, scores: Tensor, k: int) -> Tensor:
     n = points.shape[0]
     if k >= n:
         return torch.arange(n, device=points.device)
+    if k <= 0:
+        return torch.zeros(0, dtype=torch.long, device=points.device)
     x = points.detach().to(torch.float64).cpu().numpy()
     low, high = x.min(axis=0), x.max(axis=0)
     x = (x - low) / np.where(high > low, high - low, 1.0)
@@ -239,8 +241,9 @@ class RowChoice:
         counted = self.counted(parts)
         if any(name not in self.chosen or self.pools[name] != part.points.shape[0] for name, part in counted.items()):
             self.choose(task, batch, parts, self.chosen_at if self.chosen_at is not None else 0)
-        return {name: (dataclasses.replace(part, points=part.points[self.chosen[name]], count=None)
+        kept = {name: (dataclasses.replace(part, points=part.points[self.chosen[name]], count=None)
                        if name in counted else part) for name, part in parts.items()}
+        return {name: part for name, part in kept.items() if part.points.shape[0]} or None  # a part with 0 points: none
 
     def update(self, task: Any, batch: Any, step: int) -> bool:
         """Re-choose the counted parts' points of ``task.imposed(batch)`` if ``step`` is due; whether it did."""

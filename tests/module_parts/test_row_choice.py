@@ -208,3 +208,7 @@ def test_under_ddp_every_rank_imposes_rank_zeros_choice(tmp_path: Path) -> None:
             pytest.fail("the ranks did not finish within 100 s (a deadlock)")
     choices = [torch.load(tmp_path / f"choice.{rank}") for rank in (0, 1)]
     assert choices[0] == choices[1] == {"pde": [0, 3, 7], "bc": [0]}
+
+
+def test_a_part_given_no_points_is_left_out() -> None:
+    assert spread_largest(torch.zeros(5, 2), torch.ones(5), 0).tolist() == []
