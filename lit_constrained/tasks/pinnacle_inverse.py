@@ -33,8 +33,11 @@ are 0, the coef rows' :math:`\theta` columns 0.
 outside, 6.8 expected). So the band is wide (:math:`\pm 0.5` at :math:`\sigma = 0.1`) and holds the fit
 to the data hard only where it is far off (early on, and against a PDE row pulling u away); the
 estimate itself comes from the misfit in f, which averages the noise (the band cannot: every u inside
-it is equally feasible). The noise bounds what any estimate can reach: a least-squares fit of
-:math:`N_d` observations on p functions has an rms error :math:`\sigma\sqrt{p / N_d}` (docs/inverse.md).
+it is equally feasible). Measured, the band costs accuracy (PInv, 2 000 steps: u 0.50 with it at 50
+observations, 0.094 without; docs/inverse.md), so the recommended configs leave it out
+(``n_band_imposed: 0``) and ``sqp_adam_band.yaml`` keeps it. The noise bounds what any estimate can
+reach: a least-squares fit of :math:`N_d` observations on p functions has an rms error
+:math:`\sigma\sqrt{p / N_d}` (docs/inverse.md).
 
 Metrics (``val/`` and ``test/``): ``rel_l2_u``, ``rel_l2_a`` (each on the test grid against the closed
 form) and ``rel_l2`` (PINNacle's, over u and a stacked).
