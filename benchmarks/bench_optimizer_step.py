@@ -10,7 +10,12 @@ at initialization). The optimizers are timed in the same process, interleaved (o
 in turn, repeated), and the medians are compared. Usage::
 
     python benchmarks/bench_optimizer_step.py [--repeats 11] [--block 3] [--threads 1]
-        [--cases 1e5:10,1e6:10] [--jacobians cond:10,cond:1e3]
+        [--cases 1e5:10,1e6:10] [--jacobians cond:10,cond:1e3] [--baseline DIR]
+
+``--baseline DIR``: DIR holds a copy of an earlier ``lit_constrained/optim`` as the package ``DIR/<name>``
+(e.g. ``cp -r lit_constrained/optim /tmp/before/old_optim`` before a change, then ``--baseline
+/tmp/before/old_optim``): its SQPAdam, SQPHeavyBall and AdamCon are timed in the same rounds as today's
+(``<name>/SQPAdam``, ...) and the ratio today / baseline is printed per optimizer.
 
 Prints the CPU model, then per case the median time per step of each optimizer and its ratio to Adam,
 and SQP-Adam against two timed floors (in the same interleaved rounds):
@@ -31,7 +36,10 @@ and a traffic model: bytes moved per step by Adam (read p, g, m, v; write p, m, 
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
+import sys
+from pathlib import Path
 from collections.abc import Callable
 
 import torch
@@ -126,6 +134,18 @@ def reads_runner(widths: list[int], m: int, kind: str) -> Callable[[int], None]:
     return run
 
 
+BASELINE: dict[str, type] = {}
+"""``--baseline``'s optimizers by name (empty without it)."""
+
+
+def load_baseline(directory: str) -> None:
+    """Import the package at ``directory`` (an earlier copy of lit_constrained/optim) into ``BASELINE``."""
+    path = Path(directory).resolve()
+    sys.path.insert(0, str(path.parent))
+    module = importlib.import_module(path.name)
+    BASELINE.update({name: getattr(module, name) for name in ("SQPAdam", "SQPHeavyBall", "AdamCon")})
+
+
 def make_runner(name: str, widths: list[int], m: int, kind: str) -> Callable[[int], None]:
     if name == "3-read bound":
         return bound_runner(widths, m, kind)
@@ -135,7 +155,9 @@ def make_runner(name: str, widths: list[int], m: int, kind: str) -> Callable[[in
     if name == "Adam(foreach)":
         return adam_runner(params)
     # a tiny lr keeps the weights (and so the work) essentially fixed over the repeats
-    opt = {"SQPAdam": SQPAdam, "SQPHeavyBall": SQPHeavyBall, "AdamCon": AdamCon}[name](params, lr=1e-6)
+    classes = {"SQPAdam": SQPAdam, "SQPHeavyBall": SQPHeavyBall, "AdamCon": AdamCon}
+    baseline = name.startswith("baseline/")
+    opt = (BASELINE if baseline else classes)[name.split("/", 1)[-1]](params, lr=1e-6)
 
     def run_constrained(steps: int) -> None:
         for _ in range(steps):
@@ -160,8 +182,11 @@ def main() -> None:
     parser.add_argument("--jacobians", default="cond:10,cond:1e3",
                         help="comma-separated kinds: random, trained, cond:<cond(J)>")
     parser.add_argument("--optimizers", default=",".join(NAMES), help=f"a subset of {','.join(NAMES)}")
+    parser.add_argument("--baseline", default=None, help="a copy of an earlier lit_constrained/optim (see above)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.baseline:
+        load_baseline(args.baseline)
     names = [name.strip() for name in args.optimizers.split(",")]
     if "Adam(foreach)" not in names or "SQPAdam" not in names:
         parser.error("--optimizers must include Adam(foreach) and SQPAdam (the ratios' references).")
@@ -173,7 +198,8 @@ def main() -> None:
         widths, m = SIZES[label], int(m_text)
         n = sum(p.numel() for p in mlp_parameters(widths))
         for kind in [k.strip() for k in args.jacobians.split(",")]:
-            runners = {name: make_runner(name, widths, m, kind) for name in names + floors}
+            compared = [f"baseline/{name}" for name in names if name in BASELINE]
+            runners = {name: make_runner(name, widths, m, kind) for name in names + floors + compared}
             med = interleaved_medians(runners, args.repeats, args.block, warmup=2)  # warm-up: allocations, state
             base = med["Adam(foreach)"]
             opt = runners["SQPAdam"].optimizer  # type: ignore[attr-defined]
@@ -184,6 +210,9 @@ def main() -> None:
             step, bound = med["SQPAdam"], med["3-read bound"]
             print(f"    SQPAdam / 3-read bound {step / bound:5.2f}   (bound {1e3 * bound:.2f} ms = {bound / base:.2f}x Adam)")
             print(f"    3 J reads + Adam {1e3 * med['3 J reads']:.2f} ms = {med['3 J reads'] / base:.2f}x Adam")
+            if compared:
+                print("    today / baseline (same rounds): " + "  ".join(
+                    f"{name.split('/', 1)[1]} {med[name.split('/', 1)[1]] / med[name]:.3f}" for name in compared))
             moved = traffic(n, m)
             print("    bytes per step (model): " + "  ".join(
                 f"{name} {value / 1e6:7.1f} MB ({value / moved['Adam']:5.2f}x Adam)" for name, value in moved.items()

@@ -5,12 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from .checks import check_betas, check_positive
-from .constrained import ParamsT, Projection
-from .merged import MergedStepOptimizer
-from .linalg.gram_factor import GramFactor
+from .constrained import ConstrainedOptimizer, FlatInputs, ParamsT
+from .functional import ProjectedStep, adam_con
 from .hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,
     DEFAULT_LR,
@@ -23,12 +21,10 @@ from .hyperparameters import (
     Rho,
     document_projection_args,
 )
-from .linalg.merged_step import merged_step
-from .projection import NormalDirection
 
 
 @document_projection_args
-class AdamCon(MergedStepOptimizer):
+class AdamCon(ConstrainedOptimizer):
     r"""Adam(con): Adam moments of the RAW gradient, then a KKT system with the Adam scaling as Hessian.
 
     .. math::
@@ -87,71 +83,6 @@ class AdamCon(MergedStepOptimizer):
         zeros = torch.zeros(n, dtype=dtype, device=device)
         return {"step": 0, "exp_avg": zeros, "exp_avg_sq": zeros.clone()}
 
-    def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
-        # the new moments go to spare buffers (swapped into the state in _tangent, after the checks)
-        k = state["step"] + 1
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        shape, dtype, device = tuple(m.shape), m.dtype, m.device
-        m_new = self._buffer("exp_avg_next", shape, dtype, device)
-        v_new = self._buffer("exp_avg_sq_next", shape, dtype, device)
-        inv_sqrt_h = self._buffer("inverse_sqrt_scaling", shape, dtype, device)
-        w = self._buffer("direction", shape, dtype, device)
-        blocks = self._group_blocks()
-        scales = []
-        for group, block in blocks:
-            beta1, beta2 = (float(b) for b in group["betas"])
-            torch.lerp(m[block], g[block], 1.0 - beta1, out=m_new[block])
-            torch.mul(v[block], beta2, out=v_new[block]).addcmul_(g[block], g[block], value=1.0 - beta2)
-            # H^{-1/2} = (v_hat + eps)^{-1/4}
-            torch.div(v_new[block], 1.0 - beta2**k, out=inv_sqrt_h[block]).add_(float(group["eps"]))
-            inv_sqrt_h[block].sqrt_().rsqrt_()
-            # w = -H^{-1/2} m_hat: the tangential direction in the scaled variable z = H^{1/2} d; the scalar
-            # -1 / (1 - beta1^k) is folded into the merged step when the groups share it
-            torch.mul(m_new[block], inv_sqrt_h[block], out=w[block])
-            scales.append(-1.0 / (1.0 - beta1**k))
-        tangent_scale = 1.0
-        if all(scale == scales[0] for scale in scales):
-            tangent_scale = scales[0]
-        else:
-            for scale, (_, block) in zip(scales, blocks):
-                w[block].mul_(scale)
-        # the Gram of J~ = J H^{-1/2} (never formed; NaN/inf in g or J shows in it) and J~ w from its pass
-        factor, finite, Jw = self._scaled_factorize(jacobian, inv_sqrt_h, w)
-        return Projection(jacobian, factor, finite, c, scaling=inv_sqrt_h, tangent_scale=tangent_scale,
-                          direction=w, direction_product=Jw)
-
-    def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
-                 diagnostics: dict[str, Tensor] | None) -> Tensor:
-        for key in ("exp_avg", "exp_avg_sq"):  # commit the new moments (swap with the spare buffers)
-            state[key], self._buffers[key + "_next"] = self._buffers[key + "_next"], state[key]
-        if diagnostics is not None and projection.jacobian.shape[0]:  # y of the KKT system
-            Jw = projection.tangent_scale * projection.direction_product
-            diagnostics["multiplier_norm"] = projection.factor.solve(projection.constraints + Jw).norm()
-        return projection.direction
-
-    def _to_x(self, projection: Projection, step: Tensor) -> Tensor:
-        return step.mul_(projection.scaling)  # d = H^{-1/2} z
-
-    def _normal_direction(self, projection: Projection, c: Tensor, step_scale: float | None) -> NormalDirection:
-        r"""||H^{-1/2} J~^+ c||: a pass over J (the scaling breaks the free identity of the SQP methods).
-        The direction -J~^+ c is kept for the step itself, and when the groups share one lr (``step_scale``
-        = a) the same pass forms the tangential part :math:`-\tilde J^T \tilde G^+ (a \tilde J w)`: one
-        product :math:`H^{-1/2} (Y^T J)^T` with two columns in Y costs one read of J, like one of them."""
-        J, factor = projection.jacobian, projection.factor
-        n, dtype = J.shape[1], J.dtype
-        d, scratch = self._scaling(projection)
-        tangent = None
-        if step_scale is None:
-            direction = self._buffer("normal_direction", (n,), dtype, J.device)
-            merged_step(J, factor, None, 0.0, c, 0, direction, scaling=(d, scratch))
-        else:
-            rhs = torch.stack([c, step_scale * projection.direction_product], dim=1)
-            coefficients = factor.solve(rhs).T.neg().to(dtype)
-            directions = self._buffer("directions", (2, n), dtype, J.device)
-            torch.mm(coefficients, J, out=directions).mul_(d)  # -J~^T G~^+ [c, a J~ w] = -d (J^T ...)
-            direction, tangent = directions[0], directions[1]
-        norm = torch.mul(direction, d, out=scratch).norm().to(torch.float64)
-        return NormalDirection(norm, direction, tangent)
-
-    def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
-        return self._factorize(jacobian)[0]  # the rank of J itself (diagnostic steps only)
+    def _step_function(self, inputs: FlatInputs, state: dict[str, Any], diagnostics: bool) -> ProjectedStep:
+        return adam_con(inputs.reals, inputs.g, inputs.c, inputs.jacobian, state, groups=self._group_blocks(),
+                        workspace=self._workspace, diagnostics=diagnostics, owner=type(self).__name__)

@@ -30,16 +30,15 @@ feasibility the linearization can be poor and a full normal step huge (a Darcy F
 step has norm ~730): ``"adaptive"`` (the default) is a trust radius on the full normal step, a number a
 fixed cap relative to ||x||, ``None`` no cap.
 
-**The kernel.** A subclass supplies its hyperparameters, its state and its tangential direction
-(``_prepare``: factorize and flag non-finite inputs; ``_tangent``: update the state, return w; ``_to_x``
-and ``_normal_direction`` for a scaled projection Jacobian); this class owns the flat layout
-(:class:`~lit_constrained.optim.flat.FlatLayout`), the checks, the one host read (finiteness and the
-refinement plan), the composition (:mod:`~lit_constrained.optim.projection`), the post-step corrections
-(:mod:`~lit_constrained.optim.corrections`), the diagnostics (:mod:`~lit_constrained.optim.step_diagnostics`) and the
-workspaces and Gram factor (:mod:`~lit_constrained.optim.step_factorization`).
-The merged step is :class:`MergedStepOptimizer`'s ``_compose`` (SQP-HeavyBall, SQP-Adam, Adam(con)); an
-optimizer whose step is not of that form subclasses :class:`ConstrainedOptimizer` with its own ``_compose``
-(SQP-MoMo) and keeps the rest.
+**A functional core under a thin class** (torch.optim's ``torch.optim.adam.adam`` under ``Adam``). The step
+itself is a function over flat tensors (:mod:`~lit_constrained.optim.functional`: ``sqp_heavy_ball``,
+``sqp_adam``, ``adam_con``; SQP-MoMo's in :mod:`~lit_constrained.optim.experimental.sqp_momo_step`), on the
+shared pieces of :mod:`~lit_constrained.optim.kernel` (the one host read, stacked rows, the corrections).
+This class only gathers g, c, J (and the inequality rows) into the flat layout
+(:class:`~lit_constrained.optim.flat.FlatLayout`), checks them, calls the subclass's function
+(``_step_function``) with the param groups, adds the step to the parameters, runs the post-step corrections
+and keeps ``state["flat"]`` (the one state entry of every optimizer of the package) and its
+:class:`~lit_constrained.optim.workspace.Workspace` (scratch, by composition).
 
 Hyperparameters follow torch.optim's conventions: every one is in ``defaults`` and hence in each param
 group (``repr``, ``state_dict``/``load_state_dict`` and schedulers see them). ``rho``, ``rcond``,
@@ -64,9 +63,9 @@ host sync to produce them); ``optimizer.state`` holds only what resuming needs. 
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -77,12 +76,9 @@ from torch.optim.optimizer import ParamsT
 from lit_constrained.hints import no_constraints_given_hint
 
 from .autocast import outside_autocast
-from .linalg.blas_threads import host_blas_threads
-from .checks import check_finite, check_lr, check_positive, check_shared_keys, prepared_constraint_inputs
-from .corrections import hold_feasibility, max_violation
-from .inequality_rows import InequalityRows
+from .checks import check_lr, check_positive, check_shared_keys, prepared_constraint_inputs
 from .flat import FlatLayout, group_blocks, group_params
-from .linalg.gram_factor import EIGH_MAX_SIZE, GramFactor
+from .functional import ProjectedStep
 from .hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,
     DEFAULT_LR,
@@ -100,17 +96,17 @@ from .hyperparameters import (
     check_precision,
     check_rho,
 )
-from .linalg.refinement import RefinementPlan, exact_refinements, refinement_counts
-from .projection import Projection, Projector
+from .kernel import Block, Rows, correct
+from .linalg.blas_threads import host_blas_threads
+from .linalg.gram_factor import EIGH_MAX_SIZE
+from .projection import Projection
 from .safeguard import ADAPTIVE_NORMAL_STEP
-from .step_diagnostics import record_step
-from .step_factorization import StepFactorization
-from .step_inputs import Composed, StepInputs
+from .workspace import Workspace
 
 __all__ = [
     "ADAPTIVE_NORMAL_STEP", "DEFAULT_CONSTRAINT_TOL", "DEFAULT_LR", "DEFAULT_MAX_CORRECTIONS",
-    "DEFAULT_MAX_NORMAL_STEP", "DEFAULT_RHO", "Composed", "ConstrainedOptimizer", "MaxNormalStep",
-    "ParamsT", "Precision", "Projection", "Rho", "StepInputs",
+    "DEFAULT_MAX_NORMAL_STEP", "DEFAULT_RHO", "ConstrainedOptimizer", "FlatInputs", "MaxNormalStep",
+    "ParamsT", "Precision", "Projection", "Rho",
 ]
 
 
@@ -130,11 +126,31 @@ def _with_host_blas_threads(step: Callable[..., Any]) -> Callable[..., Any]:
     return limited
 
 
-class ConstrainedOptimizer(InequalityRows, StepFactorization, Optimizer, ABC):
-    """Shared machinery: hyperparameters, input checks, the flat layout, rho / "full", the safeguard,
-    the merged step, the corrections, diagnostics, state and workspaces."""
+@dataclass(frozen=True)
+class FlatInputs:
+    """What :meth:`ConstrainedOptimizer.step` gathered (built once, never changed): the layout, the
+    parameters' real views, g, c, J, the inequality rows (g, G; None for p = 0) and the working set, and
+    the closure's value."""
+
+    layout: FlatLayout
+    reals: list[Tensor]
+    g: Tensor
+    c: Tensor
+    jacobian: Tensor
+    inequalities: Tensor | None
+    inequality_jacobian: Tensor | None
+    warm: tuple[int, ...]
+    loss: Any
+
+
+class ConstrainedOptimizer(Optimizer, ABC):
+    """The class under a step function: hyperparameters, input checks, the flat layout, the state
+    (``state["flat"]``), the post-step corrections and the diagnostics; a subclass gives its state at the
+    first step (``_init_state``) and calls its function (``_step_function``)."""
 
     requires = frozenset({"constraints", "jacobian"})
+    accepts_inequalities: bool = False
+    """Whether ``step`` takes ``inequalities=`` / ``inequality_jacobian=`` (rows g <= 0)."""
     warns_without_constraints: bool = True
     """Whether ``step()`` warns (once) when it is given nothing to impose (a plain LightningModule's
     automatic optimization passes no constraints); ConstrainedModule turns it off after its own warning."""
@@ -147,12 +163,7 @@ class ConstrainedOptimizer(InequalityRows, StepFactorization, Optimizer, ABC):
         super().__init__(params, defaults)
         self.diagnostics: dict[str, Tensor] = {}
         self._rank_warned = False
-        self._buffers: dict[str, Tensor] = {}
-        self._view_cache: dict[str, Any] = {}
-        self._exact_gram_for: tuple[tuple[int, ...], torch.dtype] | None = None
-        """(shape, dtype) of the J whose last step needed the exact Gram (see ``_exact_gram_expected``)."""
-        self._stacked_exact_gram_for: tuple[tuple[int, ...], torch.dtype] | None = None
-        """The same for the stacked rows [J; G_A] of a step with active inequality rows."""
+        self._workspace = Workspace()
         self.active_set: Tensor = torch.zeros(0, dtype=torch.long)
         """The last step's active inequality rows (a sorted LongTensor; a diagnostic: the next step's working set is
         ``state["active_set"]``, which resumes with the state)."""
@@ -164,10 +175,7 @@ class ConstrainedOptimizer(InequalityRows, StepFactorization, Optimizer, ABC):
         super().__setstate__(state)
         self.__dict__.setdefault("diagnostics", {})
         self.__dict__.setdefault("_rank_warned", False)
-        self.__dict__.setdefault("_buffers", {})
-        self.__dict__.setdefault("_view_cache", {})
-        self.__dict__.setdefault("_exact_gram_for", None)
-        self.__dict__.setdefault("_stacked_exact_gram_for", None)
+        self.__dict__.setdefault("_workspace", Workspace())
         self.__dict__.setdefault("active_set", torch.zeros(0, dtype=torch.long))
         self.__dict__.setdefault("inequality_multipliers", None)
 
@@ -215,29 +223,22 @@ class ConstrainedOptimizer(InequalityRows, StepFactorization, Optimizer, ABC):
         """The state at the first step (moments in ``dtype``)."""
 
     @abstractmethod
-    def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
-        """Factorize the projection Jacobian (``_factorize``); flag non-finite inputs. No state change
-        (``state["step"]`` is still k - 1)."""
-
-    def _to_x(self, projection: Projection, step: Tensor) -> Tensor:
-        """Map a step from the projection variables to x, in place (identity by default)."""
-        return step
-
-    def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
-        """The factor of J J^T whose rank / smallest singular value the diagnostics report."""
-        return projection.factor
+    def _step_function(self, inputs: FlatInputs, state: dict[str, Any], diagnostics: bool) -> ProjectedStep:
+        """Call the optimizer's step function (:mod:`~lit_constrained.optim.functional`) on the gathered
+        inputs with ``self._group_blocks()`` and ``self._workspace``."""
 
     # ------------------------------------------------------------------ the param groups' blocks
-    def _group_blocks(self) -> list[tuple[dict[str, Any], slice]]:
+    def _group_blocks(self) -> list[Block]:
         """Each param group with its slice of the flat vector (cached while the groups' params stay)."""
         key = tuple(id(p) for group in self.param_groups for p in group["params"])
-        cached = self._view_cache.get("group_blocks")
+        cache = self._workspace.cache
+        cached = cache.get("group_blocks")
         if cached is not None and cached[0] == key and len(cached[1]) == len(self.param_groups) and all(
             a is b for a, (b, _) in zip(self.param_groups, cached[1])
         ):
             return cached[1]
         blocks = group_blocks(self.param_groups)
-        self._view_cache["group_blocks"] = (key, blocks)
+        cache["group_blocks"] = (key, blocks)
         return blocks
 
     # ------------------------------------------------------------------ the step
@@ -282,37 +283,43 @@ class ConstrainedOptimizer(InequalityRows, StepFactorization, Optimizer, ABC):
         params = group_params(self.param_groups)
         if not params:
             return loss
-        inputs = self._inputs(params, constraints, jacobian, loss)
-        self._inequality_inputs(inputs, inequalities, inequality_jacobian)
-        if self.warns_without_constraints and not inputs.m and inputs.inequalities is None:
+        inputs = self._gather(params, constraints, jacobian, inequalities, inequality_jacobian, loss)
+        if self.warns_without_constraints and not inputs.c.numel() and inputs.inequalities is None:
             self.warns_without_constraints = False
             warnings.warn(no_constraints_given_hint(type(self).__name__), stacklevel=2)
-        projection = self._prepare(inputs.g, inputs.jacobian, inputs.c, inputs.state)
-        projector = self._projector(projection, inputs)  # raises on non-finite inputs: nothing changed yet
-        if inputs.warm:  # the tangential moments on the null space of the rows E + the working set
-            inputs.tangent_projection = self._stacked(inputs, inputs.warm, with_gradient=True)[0]
-        state = inputs.state
-        state["n"] = inputs.layout.n
-        state["step"] = state["step"] + 1
-        record: dict[str, Tensor] | None = {} if diagnostics else None
-        composed = self._compose(projection, projector, inputs, record)
-        inputs.layout.add_(inputs.reals, composed.delta)
-        if "initial_violation" not in state:
-            state["initial_violation"] = self._violation(inputs)
-        rows = inputs.m + (inputs.inequalities.p if inputs.inequalities is not None else 0)
+        result = self._step_function(inputs, self._state(inputs), diagnostics)
+        m, n = inputs.jacobian.shape
+        self._warn_if_dependent(result.rank, m, n, result.condition)
+        self.state[STATE_KEY] = result.state
+        inputs.layout.add_(inputs.reals, result.delta)
+        if inputs.inequalities is not None:
+            self.active_set = torch.tensor(result.active, dtype=torch.long)
+            self.inequality_multipliers = result.multipliers
+        record = result.diagnostics
+        rows = m + (inputs.inequalities.numel() if inputs.inequalities is not None else 0)
         if rows and constraint_closure is not None and self.param_groups[0]["max_corrections"]:
-            self._correct(constraint_closure, projection, composed.imposed or projector, inputs, composed.delta,
-                          record, composed.active)
+            self._correct(constraint_closure, result, inputs)
         if record is not None:
-            lr = float(self.param_groups[0]["lr"])
-            record_step(record, state=state, factor=self._diagnostic_factor(projection, inputs.jacobian),
-                        projector=projector, to_x=functools.partial(self._to_x, projection), c=inputs.c,
-                        delta=composed.delta, scale=composed.scale, normal_norm=composed.normal_norm, lr=lr,
-                        rho=self.rho)
-            if inputs.inequalities is not None:
-                self._record_inequalities(record, inputs)
             self.diagnostics = record
         return loss
+
+    def _correct(self, evaluate: Callable[[], Any], result: ProjectedStep, inputs: FlatInputs) -> None:
+        """The post-step corrections (:func:`~lit_constrained.optim.kernel.correct`) on the rows the step
+        imposed, applied to the parameters; their diagnostics join the step's."""
+        first = self.param_groups[0]
+        correct(evaluate, projection=result.projection, projector=result.imposed, rows=self._rows(inputs),
+                state=result.state, delta=result.delta, apply=lambda step: inputs.layout.add_(inputs.reals, step),
+                workspace=self._workspace, constraint_tol=first["constraint_tol"],
+                max_corrections=first["max_corrections"], record=result.diagnostics, active=result.active)
+
+    def _rows(self, inputs: FlatInputs) -> Rows:
+        """The step's rows for the corrections (their violation and measure)."""
+        from .active_set import Inequalities
+
+        if inputs.inequalities is None:
+            return Rows(inputs.g, inputs.c, inputs.jacobian)
+        return Rows(inputs.g, inputs.c, inputs.jacobian, Inequalities(inputs.inequalities, inputs.inequality_jacobian),
+                    inputs.warm)
 
     def _call_closure(self, closure: Callable[[], Any] | None) -> Any:
         """The closure's value (called under grad mode), or None."""
@@ -321,104 +328,60 @@ class ConstrainedOptimizer(InequalityRows, StepFactorization, Optimizer, ABC):
         with torch.enable_grad():
             return closure()
 
-    def _inputs(self, params: list[Tensor], constraints: Tensor | None, jacobian: Tensor | None,
-                loss: Any) -> StepInputs:
-        """g, c and J in the flat layout and working dtype, checked; the state (created at the first step)."""
-        layout = FlatLayout.cached(self._view_cache, params)
+    def _gather(self, params: list[Tensor], constraints: Tensor | None, jacobian: Tensor | None,
+                inequalities: Tensor | None, inequality_jacobian: Tensor | None, loss: Any) -> FlatInputs:
+        """g, c and J (and g, G of the inequality rows) in the flat layout and working dtype, checked."""
+        workspace = self._workspace
+        layout = FlatLayout.cached(workspace.cache, params)
         dtype = layout.working_dtype(self.param_groups[0]["precision"])
         device, n = params[0].device, layout.n
-        g = layout.gather([p.grad for p in params], self._buffer("grad", (n,), dtype, device), "grad",
-                          type(self).__name__)
-        c, J = prepared_constraint_inputs(
-            type(self).__name__, constraints, jacobian, n, dtype, device,
-            lambda m: self._buffer("jacobian", (m, n), dtype, device),
-        )
+        owner = type(self).__name__
+        g = layout.gather([p.grad for p in params], workspace.buffer("grad", (n,), dtype, device), "grad", owner)
+        c, J = prepared_constraint_inputs(owner, constraints, jacobian, n, dtype, device,
+                                          lambda m: workspace.buffer("jacobian", (m, n), dtype, device))
+        q = Q = None
+        warm: tuple[int, ...] = ()
+        if inequalities is not None or inequality_jacobian is not None:
+            if not self.accepts_inequalities:
+                raise TypeError(
+                    f"{owner} takes no inequality rows (inequalities=); SQPAdam and SQPHeavyBall impose them."
+                )
+            q, Q = prepared_constraint_inputs(
+                f"{owner} (inequalities)", inequalities, inequality_jacobian, n, dtype, device,
+                lambda p: workspace.buffer("inequality_jacobian", (p, n), dtype, device),
+            )
+            if not q.numel():
+                q = Q = None
+            elif len({float(group["lr"]) for group in self.param_groups}) > 1:
+                raise ValueError(
+                    f"{owner}: inequality rows need one lr in all param groups (the active-set step projects one "
+                    "tangential direction); the groups' lrs differ: give them one lr."
+                )
+        state = self.state[STATE_KEY]
+        if q is None:
+            self.active_set, self.inequality_multipliers = torch.zeros(0, dtype=torch.long), None
+            state.pop("active_set", None)
+        else:
+            working = state.get("active_set")
+            warm = () if working is None else tuple(row for row in working.tolist() if row < q.numel())
+        return FlatInputs(layout, layout.reals(params), g, c, J, q, Q, warm, loss)
+
+    def _state(self, inputs: FlatInputs) -> dict[str, Any]:
+        """The state (created at the first step; moments from a checkpoint of another precision cast once)."""
+        g, n = inputs.g, inputs.layout.n
         state = self.state[STATE_KEY]
         if not state:
-            state.update(self._init_state(n, device, dtype))
+            state.update(self._init_state(n, g.device, g.dtype))
         elif state.get("n", n) != n:
             raise ValueError(
                 f"The number of parameters changed from {state['n']} to {n} since the first step; "
                 "create a new optimizer after adding parameter groups."
             )
         else:
-            for key, value in state.items():  # moments from a checkpoint of another precision: cast once
-                if isinstance(value, Tensor) and value.dim() == 1 and value.dtype != dtype and value.is_floating_point():
-                    state[key] = value.to(dtype)
-        return StepInputs(layout, layout.reals(params), dtype, g, c, J, state, loss)
-
-    def _projector(self, projection: Projection, inputs: StepInputs, warn_dependent: bool = True) -> Projector:
-        """The one host read of the step: the inputs' finiteness, the refinement plan and the rank (a
-        warning when the constraints are numerically dependent); raises before any change when a NaN/inf
-        is found. The exact Gram replaces the blocked one where the plan asks for it."""
-        g, c, J = inputs.g, inputs.c, inputs.jacobian
-        m, n = J.shape
-        finite = projection.finite & torch.isfinite(c).all()
-        if inputs.finite is not None:
-            finite = finite & inputs.finite
-        if m == 0:
-            finite = finite & torch.isfinite(torch.dot(g, g))
-            if not bool(finite):
-                self._raise_nonfinite(inputs)
-            return Projector(J, projection.factor, RefinementPlan(0, False))
-        factor = projection.factor
-        read = torch.cat([  # (all on the factor's device: one transfer)
-            finite.reshape(1).to(torch.float64),
-            refinement_counts(factor, n, inputs.dtype),
-            factor.rank.reshape(1).to(torch.float64),
-            factor.condition.reshape(1).to(torch.float64),
-        ]).tolist()
-        if not read[0]:
-            self._raise_nonfinite(inputs)
-        if warn_dependent:
-            self._warn_if_dependent(int(read[3]), m, n, read[4])
-        plan = RefinementPlan.decode((read[1], read[2]), m)  # (of the blocked Gram, at this conditioning)
-        if projection.scaling is None:  # remember for the next step whether the blocked Gram suffices
-            self._exact_gram_for = (tuple(J.shape), J.dtype) if plan.exact_gram else None
-        if plan.exact_gram or factor.exact:
-            if not factor.exact:
-                projection.factor = self._exact_factor(J, projection.scaling)
-            plan = RefinementPlan(exact_refinements(projection.factor, inputs.dtype), True)
-        scaling = self._scaling(projection)
-        exact = bool(plan.steps) and plan.exact_residual
-        return Projector(J, projection.factor, plan, scaling,
-                         self._exact_workspace(J) if exact else None,
-                         self._vector("correction", g) if exact and scaling is None else None)
-
-    @abstractmethod
-    def _compose(self, projection: Projection, projector: Projector, inputs: StepInputs,
-                 record: dict[str, Tensor] | None) -> Composed:
-        """Update the state and form Delta x (in x) from the step's projector; :class:`MergedStepOptimizer`
-        composes the merged step from a tangential direction, SQP-MoMo its own."""
-
-    def _correct(self, evaluate: Callable[[], Any], projection: Projection, projector: Projector,
-                 inputs: StepInputs, delta: Tensor, record: dict[str, Tensor] | None,
-                 active: list[int] | None = None) -> None:
-        """The post-step corrections (:func:`~lit_constrained.optim.corrections.hold_feasibility`) on the
-        rows the step imposed (``projector``: J, or [J; G_A] with ``active`` inequality rows). None
-        follows a step whose normal step the safeguard capped (far from feasibility the linearization is
-        not trusted, and an uncapped Gauss-Newton correction would take the step the cap refused).
-        Diagnostics: ``corrections`` (taken), ``step_fraction`` (tau) and ``corrected_violation`` (the
-        violation after them; an evaluation of its own on diagnostic steps where none was made last)."""
-        state, group = inputs.state, self.param_groups[0]
-        capped = state.get("normal_step_capped")
-        taken, fraction, violation = 0, 1.0, math.nan
-        measure = None if inputs.inequalities is None else self._inequality_measure(evaluate, inputs, active or [])
-        if capped is None or not bool(capped):
-            tol = float(group["constraint_tol"]) * max(float(state["initial_violation"]), 1.0)
-            result = hold_feasibility(
-                evaluate, projector, functools.partial(self._to_x, projection),
-                lambda step: inputs.layout.add_(inputs.reals, step), delta, tol, float(self._violation(inputs)),
-                int(group["max_corrections"]), lambda name: self._vector(name, delta), measure,
-            )
-            taken, fraction, violation = result.taken, result.step_fraction, result.violation
-        if record is not None:
-            if math.isnan(violation):
-                violation = max_violation(evaluate, inputs.m) if measure is None else measure()[1]
-            as_tensor = functools.partial(torch.tensor, dtype=torch.float64, device=delta.device)
-            record["corrections"] = as_tensor(float(taken))
-            record["step_fraction"] = as_tensor(fraction)
-            record["corrected_violation"] = as_tensor(violation)
+            for key, value in state.items():
+                if isinstance(value, Tensor) and value.dim() == 1 and value.dtype != g.dtype and value.is_floating_point():
+                    state[key] = value.to(g.dtype)
+        return state
 
     def _warn_if_dependent(self, rank: int, m: int, n: int, condition: float) -> None:
         """One warning per optimizer when the imposed constraints are numerically dependent (rank < m):
@@ -435,15 +398,5 @@ class ConstrainedOptimizer(InequalityRows, StepFactorization, Optimizer, ABC):
             "their least-squares solution (the minimum-norm Gauss-Newton step), so not every constraint can "
             "reach 0: impose fewer or independent points, or use a larger network. The rank is logged as "
             # stacklevel: the caller of optimizer.step (above torch's hook wrapper and the three decorators)
-            "optim/rank.", RuntimeWarning, stacklevel=8,
-        )
-
-    def _raise_nonfinite(self, inputs: StepInputs) -> None:
-        """The failure path (syncs are fine here): name what is not finite."""
-        check_finite("The constraints c", inputs.c)
-        check_finite("The jacobian J", inputs.jacobian)
-        check_finite("The objective gradient g", inputs.g)
-        raise ValueError(
-            "The step is not finite (an overflow in the projection); the step was not taken. "
-            "Check the loss/constraints at this point (a diverging run or a bad batch)."
+            "optim/rank.", RuntimeWarning, stacklevel=7,
         )

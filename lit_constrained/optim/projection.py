@@ -29,9 +29,10 @@ from .linalg.products import Scaling
 from .linalg.refinement import RefinementPlan, refine_
 
 
-@dataclass
+@dataclass(frozen=True)
 class Projection:
-    """What an optimizer's ``_prepare`` hands the kernel before any state changes.
+    """What a step's factorization hands the kernel before any state changes (immutable: the host read
+    returns a new one where it replaces the factor by the exact one).
 
     Attributes:
         jacobian: J in the working dtype.
@@ -39,7 +40,8 @@ class Projection:
         finite: 0-dim bool, False when the inputs (J, g, ...) hold NaN/inf (checked on m x m data).
         constraints: c (float64).
         scaling: d when the projection Jacobian is J diag(d) (Adam(con): d = H^{-1/2}); None: J itself.
-        tangent_scale: a scalar multiplying w (folded into the merged step: no pass over w).
+        tangent_scale: a scalar multiplying w (folded into the merged step: no pass over w; Adam(con)'s
+            -1 / (1 - beta1^k)).
         gradient_product: J g (float64; the SQP methods' P g), or None.
         direction: w when it is formed before the factorization (Adam(con)), else None.
         direction_product: J~ w (float64) from the Gram's pass, or None.
@@ -56,7 +58,7 @@ class Projection:
     direction_product: Tensor | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class NormalDirection:
     """||T J~^+ c|| (0-dim float64) and, where forming it took a pass over J (Adam(con)), the directions
     that pass produced: ``direction`` = -J~^+ c and ``tangent`` = -J~^T G~^+ (a J~ w) (projection
@@ -67,7 +69,7 @@ class NormalDirection:
     tangent: Tensor | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Projector:
     """The step's factorization with its refinement plan and workspaces: the products the kernel and the
     post-step corrections apply (each :math:`J\\,out = -U_r U_r^T (sc)` refined per ``plan``)."""

@@ -2,15 +2,13 @@ r"""Projected stochastic momentum SQP methods (Zhu & Curtis, arXiv 2601.11795, A
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from .checks import check_beta, check_betas, check_positive
-from .constrained import ConstrainedOptimizer, ParamsT, Projection
-from .merged import MergedStepOptimizer
+from .constrained import ConstrainedOptimizer, FlatInputs, ParamsT
+from .functional import ProjectedStep, sqp_adam, sqp_heavy_ball
 from .hyperparameters import (
     DEFAULT_CONSTRAINT_TOL,
     DEFAULT_LR,
@@ -26,7 +24,7 @@ from .hyperparameters import (
 
 
 @document_projection_args
-class SQPHeavyBall(MergedStepOptimizer):
+class SQPHeavyBall(ConstrainedOptimizer):
     r"""SQP-HeavyBall(con): the projected stochastic heavy-ball SQP method (Algorithm 2).
 
     At the current point, with c the constraints, J their Jacobian, g the stochastic objective
@@ -109,27 +107,15 @@ class SQPHeavyBall(MergedStepOptimizer):
     def _init_state(self, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         return {"step": 0, "momentum": torch.zeros(n, dtype=dtype, device=device)}
 
-    def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
-        return projected_gradient_setup(self, g, jacobian, c)
-
-    def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
-                 diagnostics: dict[str, Tensor] | None) -> Tensor:
-        r = state["momentum"]
-        blocks = self._group_blocks()
-        shared = _shared_momentum(blocks, "momentum")
-        if shared is not None:  # r = beta r - P g / h = lerp(r, kappa P g, 1 - beta): one pass over r
-            beta, h = shared
-            u = projected_gradient(self, projection, g, diagnostics, scale=-1.0 / (h * (1.0 - beta)))
-            r.lerp_(u, 1.0 - beta)
-            return r
-        u = projected_gradient(self, projection, g, diagnostics)  # P g
-        for group, block in blocks:
-            r[block].mul_(float(group["momentum"])).add_(u[block], alpha=-1.0 / float(group["h"]))
-        return r  # d = v + P r: projected in the merged step
+    def _step_function(self, inputs: FlatInputs, state: dict[str, Any], diagnostics: bool) -> ProjectedStep:
+        return sqp_heavy_ball(inputs.reals, inputs.g, inputs.c, inputs.jacobian, state, groups=self._group_blocks(),
+                              workspace=self._workspace, inequalities=inputs.inequalities,
+                              inequality_jacobian=inputs.inequality_jacobian, warm=inputs.warm,
+                              diagnostics=diagnostics, owner=type(self).__name__)
 
 
 @document_projection_args
-class SQPAdam(MergedStepOptimizer):
+class SQPAdam(ConstrainedOptimizer):
     r"""SQP-Adam(con): the projected stochastic Adam SQP method (Algorithm 3).
 
     The moments are of the PROJECTED gradients, with the bias correction of Défossez et al.:
@@ -192,71 +178,8 @@ class SQPAdam(MergedStepOptimizer):
         zeros = torch.zeros(n, dtype=dtype, device=device)
         return {"step": 0, "momentum": zeros, "second_moment": zeros.clone()}
 
-    def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
-        return projected_gradient_setup(self, g, jacobian, c)
-
-    def _tangent(self, projection: Projection, g: Tensor, state: dict[str, Any],
-                 diagnostics: dict[str, Tensor] | None) -> Tensor:
-        k = state["step"]
-        r, s = state["momentum"], state["second_moment"]
-        w = self._vector("direction", r)
-        blocks = self._group_blocks()
-        shared = _shared_momentum(blocks, "betas")
-        if shared is not None:
-            # u_k = -P g / h = (1 - beta1) u' with u' = kappa P g: r = lerp(r, u', 1 - beta1) in one pass,
-            # s = beta2 s + (1 - beta1)^2 u' * u'
-            beta1, h = shared
-            u = projected_gradient(self, projection, g, diagnostics, scale=-1.0 / (h * (1.0 - beta1)))
-        else:
-            u = projected_gradient(self, projection, g, diagnostics)  # P g (u_k = -P g / h)
-        etas = []
-        for group, block in blocks:
-            beta1, beta2 = (float(b) for b in group["betas"])
-            # one group: the whole vectors (no slice views to create)
-            rb, sb, ub, wb = (r, s, u, w) if len(blocks) == 1 else (r[block], s[block], u[block], w[block])
-            if shared is not None:
-                rb.lerp_(ub, 1.0 - beta1)
-                sb.mul_(beta2).addcmul_(ub, ub, value=(1.0 - beta1) ** 2)
-            else:
-                h = float(group["h"])
-                rb.mul_(beta1).add_(ub, alpha=-1.0 / h)
-                sb.mul_(beta2).addcmul_(ub, ub, value=1.0 / h**2)
-            torch.add(sb, float(group["eps"]), out=wb).sqrt_()
-            torch.div(rb, wb, out=wb)  # r / sqrt(s + eps)
-            etas.append((1.0 - beta1) * math.sqrt(1.0 - beta2**k) / math.sqrt(1.0 - beta2))
-        if all(eta == etas[0] for eta in etas):
-            projection.tangent_scale = etas[0]  # folded into the merged step's scalar
-        else:
-            for eta, (_, block) in zip(etas, blocks):
-                w[block].mul_(eta)
-        if diagnostics is not None:
-            diagnostics["eta"] = torch.tensor(etas[0], dtype=torch.float64, device=r.device)
-        return w  # d = v + eta P(r / sqrt(s + eps)): projected in the merged step
-
-
-def projected_gradient_setup(opt: ConstrainedOptimizer, g: Tensor, jacobian: Tensor, c: Tensor) -> Projection:
-    """Factor J J^T and form J g (float32 products are enough: P g is projected again in the step). A
-    NaN/inf in g shows in J g, one in J in the Gram."""
-    factor, finite, Jg = opt._scaled_factorize(jacobian, None, g)
-    return Projection(jacobian, factor, finite & torch.isfinite(Jg).all(), c, gradient_product=Jg)
-
-
-def _shared_momentum(blocks: list[tuple[dict[str, Any], slice]], key: str) -> tuple[float, float] | None:
-    """(beta1, h) when every group has the same first momentum and h and beta1 < 1, else None."""
-    pairs = {(float(group[key][0] if key == "betas" else group[key]), float(group["h"])) for group, _ in blocks}
-    return next(iter(pairs)) if len(pairs) == 1 else None
-
-
-def projected_gradient(opt: ConstrainedOptimizer, projection: Projection, g: Tensor,
-                       diagnostics: dict[str, Tensor] | None, scale: float = 1.0) -> Tensor:
-    """scale * P g = scale (g - J^T G^+ J g) into a workspace (one pass over J; the scale is free)."""
-    factor, Jg = projection.factor, projection.gradient_product
-    u = opt._vector("projected_gradient", g)
-    if not Jg.numel():
-        return u.copy_(g) if scale == 1.0 else torch.mul(g, scale, out=u)
-    J = projection.jacobian
-    y = factor.solve(Jg).to(J.dtype)
-    torch.addmv(g, J.T, y, beta=scale, alpha=-scale, out=u)
-    if diagnostics is not None:  # the KKT multiplier of beta = 0
-        diagnostics["multiplier_norm"] = factor.solve(projection.constraints - Jg).norm()
-    return u
+    def _step_function(self, inputs: FlatInputs, state: dict[str, Any], diagnostics: bool) -> ProjectedStep:
+        return sqp_adam(inputs.reals, inputs.g, inputs.c, inputs.jacobian, state, groups=self._group_blocks(),
+                        workspace=self._workspace, inequalities=inputs.inequalities,
+                        inequality_jacobian=inputs.inequality_jacobian, warm=inputs.warm, diagnostics=diagnostics,
+                        owner=type(self).__name__)

@@ -85,7 +85,7 @@ def test_a_step_after_one_that_needed_the_exact_gram_forms_it_at_once(monkeypatc
     Gram, finds it insufficient and forms the exact one; the next steps of that shape go to the exact Gram
     directly. The trajectory is bit-identical to re-deciding at every step (the same exact factor and
     refinements)."""
-    import lit_constrained.optim.step_factorization as factorization_module
+    import lit_constrained.optim.workspace as factorization_module
 
     calls = {"blocked": 0}
     blocked = factorization_module.scaled_gram
@@ -110,7 +110,7 @@ def test_a_step_after_one_that_needed_the_exact_gram_forms_it_at_once(monkeypatc
         trajectory = []
         for g, c in zip(grads, cs):
             if redecide:
-                opt._exact_gram_for = None
+                opt._workspace.exact_gram_for.clear()
             x.grad = g.clone()
             opt.step(constraints=c, jacobian=J)
             trajectory.append(x.detach().clone())
@@ -120,27 +120,18 @@ def test_a_step_after_one_that_needed_the_exact_gram_forms_it_at_once(monkeypatc
     assert all(torch.equal(a, b) for a, b in zip(sticky, fresh))
 
 
-def test_an_optimizer_must_give_a_composition_or_a_tangential_direction():
-    """The kernel's contract is abstract methods, not a runtime stub: a ConstrainedOptimizer without
-    ``_compose`` and a MergedStepOptimizer without ``_tangent`` cannot be created."""
+def test_an_optimizer_must_give_its_step_function():
+    """The class's contract is abstract methods, not a runtime stub: a ConstrainedOptimizer without
+    ``_step_function`` (the call of its functional core) cannot be created."""
     from lit_constrained.optim.constrained import ConstrainedOptimizer
-    from lit_constrained.optim.merged import MergedStepOptimizer
 
-    class NoComposition(ConstrainedOptimizer):
+    class NoStep(ConstrainedOptimizer):
         def _init_state(self, n, device, dtype):
             return {"step": 0}
 
-        def _prepare(self, g, jacobian, c, state):
-            raise AssertionError("not reached")
-
-    class NoDirection(MergedStepOptimizer):
-        _init_state = NoComposition._init_state
-        _prepare = NoComposition._prepare
-
     x = torch.nn.Parameter(torch.zeros(2))
-    for cls, missing in ((NoComposition, "_compose"), (NoDirection, "_tangent")):
-        with pytest.raises(TypeError, match=missing):
-            cls([x], {})
+    with pytest.raises(TypeError, match="_step_function"):
+        NoStep([x], {})
 
 
 def test_a_sparse_gradient_is_refused_by_name_before_anything_changes():

@@ -412,7 +412,7 @@ def test_no_n_sized_allocation_after_the_first_step(opt_cls):
         opt.step(constraints=torch.randn(4), jacobian=J)
     x.grad = torch.randn(n)
     c = torch.randn(4)
-    tensors = [x, x.grad, J, *opt._buffers.values()] + [t for t in opt.state["flat"].values() if isinstance(t, torch.Tensor)]
+    tensors = [x, x.grad, J, *opt._workspace.buffers.values()] + [t for t in opt.state["flat"].values() if isinstance(t, torch.Tensor)]
     persistent = {t.untyped_storage().data_ptr() for t in tensors}
     with LargeAllocations(n, persistent) as allocations:
         opt.step(constraints=c, jacobian=J)

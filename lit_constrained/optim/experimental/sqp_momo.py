@@ -42,10 +42,11 @@ tangential step :math:`-\mathrm{diag}(\tau_i) P_k d_k` is projected on :math:`\m
 (SQP-MoMo-Adam) is per group. A numeric ``rho`` scales the normal step by the lr of group 0.
 
 **Built on the projected-step kernel.** These are
-:class:`~lit_constrained.optim.constrained.ConstrainedOptimizer` subclasses: the flat layout, the input
+:class:`~lit_constrained.optim.constrained.ConstrainedOptimizer` subclasses over the step function
+:func:`~lit_constrained.optim.experimental.sqp_momo_step.sqp_momo`: the flat layout, the input
 checks, the factorization (rank-revealing, float64 m x m algebra, iterative refinement), the one host read,
-the normal-step safeguard, the post-step corrections and the diagnostics are the kernel's. Only the
-composition differs (``_compose``): MoMo's :math:`\tau_k` is a device scalar that depends on the
+the normal-step safeguard, the post-step corrections and the diagnostics are the kernel's
+(:mod:`~lit_constrained.optim.kernel`). Only the composition differs: MoMo's :math:`\tau_k` is a device scalar that depends on the
 (safeguarded) normal step (:math:`\langle d_k, n_k\rangle`), on :math:`\|P_k d_k\|^2` and on the loss, so
 the tangential part is formed explicitly, :math:`P_k d_k` by the step's projector.
 
@@ -268,7 +269,7 @@ class SQPMoMoAdam(_SQPMoMoBase):
 
     def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, weight: float) -> None:
         state["exp_avg"].lerp_(g, weight)
-        if not self._scaled_variable():  # (the D-norm prox's second moment was formed in _prepare)
+        if not self._scaled_variable():  # (the D-norm prox's second moment was formed before the factorization)
             beta2 = float(self.param_groups[0]["betas"][1])
             state["exp_avg_sq"].mul_(beta2).addcmul_(g_second, g_second, value=1.0 - beta2)
 
@@ -282,7 +283,7 @@ class SQPMoMoAdam(_SQPMoMoBase):
         r""":math:`D_k^{-1/2}`, :math:`D_k = \epsilon + \sqrt{v_k/(1-\beta_2^k)}` (eps per group)."""
         beta2 = float(self.param_groups[0]["betas"][1])
         v = state["exp_avg_sq"] if second_moment is None else second_moment
-        out = torch.div(v, 1.0 - beta2**k, out=self._vector("metric_scaling", v)).sqrt_()
+        out = torch.div(v, 1.0 - beta2**k, out=self._workspace.vector("metric_scaling", v)).sqrt_()
         for group, block in self._group_blocks():
             out[block].add_(float(group["eps"]))
         return out.rsqrt_()

@@ -1,6 +1,7 @@
 r"""The SQP-MoMo step shared by :class:`~lit_constrained.optim.experimental.sqp_momo.SQPMoMo` and
-:class:`~lit_constrained.optim.experimental.sqp_momo.SQPMoMoAdam` (:class:`_SQPMoMoBase`: its ``_compose``),
-and its derivation.
+:class:`~lit_constrained.optim.experimental.sqp_momo.SQPMoMoAdam` (:class:`_SQPMoMoBase` over :func:`sqp_momo`),
+and its derivation. The step is the function :func:`sqp_momo` over flat tensors (on the kernel's host read,
+safeguard and corrections); the classes gather, scatter and keep the state.
 
 **The derivation (Euclidean prox, SQP-MoMo).** At :math:`x_k`, with the momentum averages of MoMo
 (:math:`\beta` = ``momentum``)
@@ -121,34 +122,185 @@ Euclidean geometry :math:`\|\hat D_k^{-1/2} P_k d_k\|^2`):
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from ..checks import check_finite, loss_from_closure, loss_tensor
-from ..constrained import Composed, ConstrainedOptimizer, Projection, StepInputs
+from ..checks import loss_from_closure, loss_tensor
+from ..constrained import ConstrainedOptimizer, FlatInputs
+from ..functional import ProjectedStep
 from ..hyperparameters import SHARED_KEYS, check_flag
-from ..linalg.gram_factor import GramFactor
+from ..kernel import Block, Composed, Rows, host_read, to_x, violation
 from ..momo_rules import adaptive_step, estimate_lower_bound, reset_lower_bound
-from ..projection import Projector
+from ..projection import Projection, Projector
 from ..safeguard import normal_step_scale
+from ..step_diagnostics import record_step
+from ..workspace import Workspace
 
 
-@dataclass
-class LossModelInputs:
-    """The loss side of a step: the closure's value, f (0-dim float64), x (flat, working dtype) and
-    <g, x> (0-dim float64)."""
+class LossModel(Protocol):
+    """The flavour of an SQP-MoMo step (SQP-MoMo, SQP-MoMo-Adam), read from its param groups."""
 
-    value: Any
-    f: Tensor
-    x: Tensor
-    gx: Tensor
+    def _beta(self) -> float: ...
+    def _rho(self, k: int) -> float: ...
+    def _weight(self, k: int) -> float: ...
+    def _moment_keys(self) -> tuple[str, ...]: ...
+    def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, weight: float) -> None: ...
+    def _metric_scaling(self, state: dict[str, Any], k: int, second_moment: Tensor | None = None) -> Tensor | None: ...
+    def _euclidean_metric(self) -> bool: ...
+    def _scaled_variable(self) -> bool: ...
+
+
+def sqp_momo(x: Sequence[Tensor], grad: Tensor, c: Tensor, J: Tensor, state: dict[str, Any], *, loss: Tensor,
+             flat_x: Tensor, groups: Sequence[Block], model: LossModel, workspace: Workspace | None = None,
+             diagnostics: bool = False, owner: str = "SQPMoMo") -> ProjectedStep:
+    """One SQP-MoMo step (the module docstring): x_{k+1} - x_k = n_k - tau_k P d_k, with the kernel's
+    safeguarded normal step n_k and MoMo's scalar rules (no weight decay). ``loss``: f (0-dim float64);
+    ``flat_x``: the parameters as one flat vector (working dtype); ``model``: the flavour's rules."""
+    workspace = workspace if workspace is not None else Workspace()
+    first = groups[0][0]
+    rcond = float(first["rcond"])
+    gx = torch.dot(grad, flat_x).to(torch.float64)
+    rows = Rows(grad, c, J, finite=torch.isfinite(loss) & torch.isfinite(gx),
+                named=((f"{owner}: the loss", loss), ("The objective gradient g", grad), ("The parameters x", flat_x)))
+    if not model._scaled_variable():
+        factor, finite, _ = workspace.factorize(J, rcond)
+        projection = Projection(J, factor, finite, c)
+    else:  # the D-norm prox: J~ = J D_k^{-1/2} with the second moment of this step (committed below)
+        k = int(state["step"]) + 1
+        v_next = workspace.vector("exp_avg_sq_next", grad)
+        beta2 = float(first["betas"][1])
+        torch.mul(state["exp_avg_sq"], beta2, out=v_next).addcmul_(grad, grad, value=1.0 - beta2)
+        scaling = model._metric_scaling(state, k, v_next)
+        factor, finite, _ = workspace.factorize(J, rcond, scaling)
+        projection = Projection(J, factor, finite, c, scaling=scaling)
+    read = host_read(projection, rows, workspace, rcond)
+    projection, projector = read.projection, read.projector
+    state = {**state, "n": grad.numel(), "step": state["step"] + 1}
+    record: dict[str, Tensor] | None = {} if diagnostics else None
+    composed = _compose(projection, projector, rows, state, loss, gx, flat_x, groups, model, workspace, record)
+    if "initial_violation" not in state:
+        state["initial_violation"] = violation(rows)
+    state.pop("active_set", None)
+    if record is not None:
+        factor = projection.factor if projection.scaling is None else workspace.factorize(J, rcond)[0]
+        record_step(record, state=state, factor=factor, projector=projector, to_x=lambda step: to_x(projection, step),
+                    c=c, delta=composed.delta, scale=composed.scale, normal_norm=composed.normal_norm,
+                    lr=float(first["lr"]), rho=first["rho"])
+    return ProjectedStep(composed.delta, state, record, projection, projector, projector, rank=read.rank,
+                         condition=read.condition)
+
+
+def _compose(projection: Projection, projector: Projector, rows: Rows, state: dict[str, Any], f: Tensor, gx: Tensor,
+             x: Tensor, groups: Sequence[Block], model: LossModel, workspace: Workspace,
+             record: dict[str, Tensor] | None) -> Composed:
+    """x_{k+1} - x_k = n_k - tau_k P d_k (see the module docstring)."""
+    first = groups[0][0]
+    g, c, m = rows.g, rows.c, rows.m
+    k = int(state["step"])
+    rho_k, weight = model._rho(k), model._weight(k)
+    floor = float(first["lower_bound"])
+    estimate = bool(first["estimate_lower_bound"])
+    device = g.device
+    f_star = state["lower_bound"] if estimate else torch.full((), floor, dtype=torch.float64, device=device)
+
+    # 1. the loss model: averages and moments (the Euclidean geometry's second moment is of P_k g_k)
+    loss_avg = state["loss_avg"] + weight * (f - state["loss_avg"])
+    gamma = state["gamma"] + weight * (gx - state["gamma"])
+    euclidean = model._euclidean_metric()
+    g_second = projector.project(g, torch.empty_like(g)) if euclidean and m else g
+    if model._scaled_variable():  # commit the second moment the factorization's scaling was formed from
+        state["exp_avg_sq"] = workspace.swap("exp_avg_sq_next", state["exp_avg_sq"])
+    model._update_moments(state, g, g_second, weight)
+    d = state[model._moment_keys()[0]]
+    d_dot_x = torch.dot(d, x).to(torch.float64)
+
+    # 2. slope (its squared norm is the prox's slope norm) and the tangential direction in the working
+    #    variable (u = D^{1/2} z for the exact D-norm prox, x else)
+    project = (lambda v: projector.project(v, torch.empty_like(v))) if m else (lambda v: v.clone())
+    if projection.scaling is not None:  # the exact D-norm prox, in the scaled variable
+        slope = project(d * projection.scaling)
+        direction = slope
+    elif euclidean:  # metric (Z^T D^{-1} Z)^{-1} on null(J): direction P D^{-1} P d
+        scaling = model._metric_scaling(state, k)
+        slope = project(d) * scaling  # D^{-1/2} P d
+        direction = project(slope * scaling)
+    else:  # D = I
+        slope = project(d)
+        direction = slope
+    slope_norm_sq = torch.dot(slope, slope).to(torch.float64)
+
+    # 3. the normal step (the kernel's safeguard) and <d, n>
+    lrs = [float(group["lr"]) for group, _ in groups]
+    rho = first["rho"]
+    s = 1.0 if rho == "full" else lrs[0] * float(rho)
+    delta = workspace.vector("delta", g)
+    if m:
+        normal = projector.normal(c, torch.empty_like(g))  # -J~^+ c
+        normal_x = to_x(projection, normal.clone())
+        scale, normal_norm = normal_step_scale(
+            first["max_normal_step"], rho, s, normal_x.norm().to(torch.float64), c, projection.factor,
+            lambda: x.norm().to(torch.float64), state)
+        normal.mul_(scale.to(normal.dtype))
+        normal_x.mul_(scale.to(normal_x.dtype))
+        d_dot_n = torch.dot(d, normal_x).to(torch.float64)
+    else:
+        scale, normal = None, None
+        normal_norm = d_dot_n = torch.zeros((), dtype=torch.float64, device=device)
+
+    # 4. ResetStar, the step sizes, the step (MoMo's rules with h_k + <d_k, n_k> as the model's constant)
+    rules = dict(loss_avg=loss_avg, gamma=gamma, d_dot_x=d_dot_x + d_dot_n)
+    if estimate:
+        f_star = reset_lower_bound(f_star, floor, lr=lrs[0], weight_decay=0.0, rho=rho_k, **rules)
+    steps = [adaptive_step(lr=lr, weight_decay=0.0, rho=rho_k, d_norm_sq=slope_norm_sq, lower_bound=f_star,
+                           **rules) for lr in lrs]
+    taus = [tau for tau, _ in steps]
+    _tangential(direction, taus, projector, m, delta, groups)
+    if normal is not None:
+        delta.add_(normal)
+    to_x(projection, delta)
+
+    # 5. EstimateStar, state, diagnostics
+    used = f_star
+    if estimate:
+        f_star = estimate_lower_bound(floor, rho=rho_k, tau_d_norm_sq=_tau_slope_norm(slope, taus, groups), **rules)
+    state.update(loss_avg=loss_avg, gamma=gamma, lower_bound=f_star)
+    if record is not None:
+        record.update(zeta=steps[-1][1], lower_bound_used=used, normal_inner_product=d_dot_n,
+                      projected_direction_norm=slope_norm_sq.sqrt())
+        several = len(groups) > 1
+        for i, tau in enumerate(taus):
+            record[f"tau/group{i}" if several else "tau"] = tau
+    return Composed(delta, scale, normal_norm)
+
+
+def _tangential(p: Tensor, taus: list[Tensor], projector: Projector, m: int, out: Tensor,
+                groups: Sequence[Block]) -> Tensor:
+    r""":math:`-\tau P d` (one lr), or :math:`\tilde P(-\mathrm{diag}(\tau_i) P d)` for groups with
+    different lrs (projected again so that it stays in the null space)."""
+    first = float(groups[0][0]["lr"])
+    if len(taus) == 1 or all(float(group["lr"]) == first for group, _ in groups):
+        return torch.mul(p, (-taus[0]).to(p.dtype), out=out)
+    scaled = torch.empty_like(p)
+    for (_, block), tau in zip(groups, taus):
+        torch.mul(p[block], (-tau).to(p.dtype), out=scaled[block])
+    return projector.project(scaled, out) if m else out.copy_(scaled)
+
+
+def _tau_slope_norm(p: Tensor, taus: list[Tensor], groups: Sequence[Block]) -> Tensor:
+    r""":math:`\tau_k \|P d\|^2`, or :math:`\sum_i \tau_i \|(P d)_i\|^2` over groups (as MoMo)."""
+    if len(taus) == 1:
+        return taus[0] * torch.dot(p, p).to(torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=p.device)
+    for (_, block), tau in zip(groups, taus):
+        total = total + tau * torch.dot(p[block], p[block]).to(torch.float64)
+    return total
 
 
 class _SQPMoMoBase(ConstrainedOptimizer):
-    """The composition shared by :class:`SQPMoMo` and :class:`SQPMoMoAdam` (this module's docstring)."""
+    """The class shared by :class:`SQPMoMo` and :class:`SQPMoMoAdam` over :func:`sqp_momo`."""
 
     shared_keys: tuple[str, ...] = SHARED_KEYS + ("lower_bound", "estimate_lower_bound")
 
@@ -163,7 +315,7 @@ class _SQPMoMoBase(ConstrainedOptimizer):
             )
         check_flag("estimate_lower_bound", group["estimate_lower_bound"])
 
-    # ------------------------------------------------------------------ subclass hooks
+    # ------------------------------------------------------------------ the flavour (LossModel)
     @abstractmethod
     def _beta(self) -> float:
         """beta (``momentum``) or beta1 (``betas[0]``), shared by all groups."""
@@ -184,7 +336,7 @@ class _SQPMoMoBase(ConstrainedOptimizer):
     def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, weight: float) -> None:
         """Update the moments in place: the momentum with the new gradient g, a second moment with
         ``g_second`` (:math:`P_k g` in the Euclidean geometry; unused by the D-norm prox, whose second
-        moment ``_prepare`` formed)."""
+        moment the step formed before the factorization)."""
 
     def _metric_scaling(self, state: dict[str, Any], k: int, second_moment: Tensor | None = None) -> Tensor | None:
         r""":math:`D_k^{-1/2}` as an n-vector (None for D = I), from ``second_moment`` (the state's when None)."""
@@ -199,7 +351,7 @@ class _SQPMoMoBase(ConstrainedOptimizer):
         """The exact D-norm prox: the projection Jacobian is :math:`J D^{-1/2}` (SQP-MoMo-Adam, ``"adam"``)."""
         return False
 
-    # ------------------------------------------------------------------ the kernel's hooks
+    # ------------------------------------------------------------------ the class's hooks
     def _init_state(self, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         zero = torch.zeros((), dtype=torch.float64, device=device)
         state: dict[str, Any] = {"step": 0, "n": n, "loss_avg": zero, "gamma": zero.clone(),
@@ -211,141 +363,9 @@ class _SQPMoMoBase(ConstrainedOptimizer):
     def _call_closure(self, closure: Any) -> Any:
         return loss_from_closure(type(self).__name__, closure, "step(closure, constraints=c, jacobian=J)")[0]
 
-    def _inputs(self, params: list[Tensor], constraints: Tensor | None, jacobian: Tensor | None,
-                loss: Any) -> StepInputs:
-        """The kernel's inputs plus the loss model's: f, x and <g, x> (their finiteness joins the step's
-        one host read)."""
-        inputs = super()._inputs(params, constraints, jacobian, loss)
-        x = inputs.layout.gather(params, self._vector("parameters", inputs.g), "parameters")
-        f = loss_tensor(loss).detach().reshape(()).to(device=x.device, dtype=torch.float64)
-        gx = torch.dot(inputs.g, x).to(torch.float64)
-        inputs.loss = LossModelInputs(loss, f, x, gx)
-        inputs.finite = torch.isfinite(f) & torch.isfinite(gx)
-        return inputs
-
-    def _prepare(self, g: Tensor, jacobian: Tensor, c: Tensor, state: dict[str, Any]) -> Projection:
-        if not self._scaled_variable():
-            factor, finite = self._factorize(jacobian)
-            return Projection(jacobian, factor, finite, c)
-        # the D-norm prox: J~ = J D_k^{-1/2} with the second moment of this step (committed in _compose)
-        k = int(state["step"]) + 1
-        v_next = self._vector("exp_avg_sq_next", g)
-        beta2 = float(self.param_groups[0]["betas"][1])
-        torch.mul(state["exp_avg_sq"], beta2, out=v_next).addcmul_(g, g, value=1.0 - beta2)
-        scaling = self._metric_scaling(state, k, v_next)
-        factor, finite, _ = self._scaled_factorize(jacobian, scaling)
-        return Projection(jacobian, factor, finite, c, scaling=scaling)
-
-    def _to_x(self, projection: Projection, step: Tensor) -> Tensor:
-        return step if projection.scaling is None else step.mul_(projection.scaling)
-
-    def _diagnostic_factor(self, projection: Projection, jacobian: Tensor) -> GramFactor:
-        return projection.factor if projection.scaling is None else self._factorize(jacobian)[0]
-
-    def _raise_nonfinite(self, inputs: StepInputs) -> None:
-        check_finite(f"{type(self).__name__}: the loss", inputs.loss.f)
-        check_finite("The objective gradient g", inputs.g)
-        check_finite("The parameters x", inputs.loss.x)
-        super()._raise_nonfinite(inputs)
-
-    def _compose(self, projection: Projection, projector: Projector, inputs: StepInputs,
-                 record: dict[str, Tensor] | None) -> Composed:
-        """x_{k+1} - x_k = n_k - tau_k P d_k (see the module docstring), with the kernel's safeguarded
-        normal step n_k and MoMo's scalar rules (:mod:`~lit_constrained.optim.momo`, no weight decay)."""
-        state, first = inputs.state, self.param_groups[0]
-        model: LossModelInputs = inputs.loss
-        g, c, m, x = inputs.g, inputs.c, inputs.m, model.x
-        k = int(state["step"])
-        rho_k, weight = self._rho(k), self._weight(k)
-        floor = float(first["lower_bound"])
-        estimate = bool(first["estimate_lower_bound"])
-        device = g.device
-        f_star = state["lower_bound"] if estimate else torch.full((), floor, dtype=torch.float64, device=device)
-
-        # 1. the loss model: averages and moments (the Euclidean geometry's second moment is of P_k g_k)
-        loss_avg = state["loss_avg"] + weight * (model.f - state["loss_avg"])
-        gamma = state["gamma"] + weight * (model.gx - state["gamma"])
-        euclidean = self._euclidean_metric()
-        g_second = projector.project(g, torch.empty_like(g)) if euclidean and m else g
-        if self._scaled_variable():  # commit the second moment _prepare formed
-            state["exp_avg_sq"], self._buffers["exp_avg_sq_next"] = self._buffers["exp_avg_sq_next"], state["exp_avg_sq"]
-        self._update_moments(state, g, g_second, weight)
-        d = state[self._moment_keys()[0]]
-        d_dot_x = torch.dot(d, x).to(torch.float64)
-
-        # 2. slope (its squared norm is the prox's slope norm) and the tangential direction in the working
-        #    variable (u = D^{1/2} z for the exact D-norm prox, x else)
-        project = (lambda v: projector.project(v, torch.empty_like(v))) if m else (lambda v: v.clone())
-        if projection.scaling is not None:  # the exact D-norm prox, in the scaled variable
-            slope = project(d * projection.scaling)
-            direction = slope
-        elif euclidean:  # metric (Z^T D^{-1} Z)^{-1} on null(J): direction P D^{-1} P d
-            scaling = self._metric_scaling(state, k)
-            slope = project(d) * scaling  # D^{-1/2} P d
-            direction = project(slope * scaling)
-        else:  # D = I
-            slope = project(d)
-            direction = slope
-        slope_norm_sq = torch.dot(slope, slope).to(torch.float64)
-
-        # 3. the normal step (the kernel's safeguard) and <d, n>
-        lrs = [float(group["lr"]) for group in self.param_groups]
-        rho = first["rho"]
-        s = 1.0 if rho == "full" else lrs[0] * float(rho)
-        delta = self._vector("delta", g)
-        if m:
-            normal = projector.normal(c, torch.empty_like(g))  # -J~^+ c
-            normal_x = self._to_x(projection, normal.clone())
-            scale, normal_norm = normal_step_scale(
-                first["max_normal_step"], rho, s, normal_x.norm().to(torch.float64), c, projection.factor,
-                lambda: x.norm().to(torch.float64), state)
-            normal.mul_(scale.to(normal.dtype))
-            normal_x.mul_(scale.to(normal_x.dtype))
-            d_dot_n = torch.dot(d, normal_x).to(torch.float64)
-        else:
-            scale, normal = None, None
-            normal_norm = d_dot_n = torch.zeros((), dtype=torch.float64, device=device)
-
-        # 4. ResetStar, the step sizes, the step (MoMo's rules with h_k + <d_k, n_k> as the model's constant)
-        rules = dict(loss_avg=loss_avg, gamma=gamma, d_dot_x=d_dot_x + d_dot_n)
-        if estimate:
-            f_star = reset_lower_bound(f_star, floor, lr=lrs[0], weight_decay=0.0, rho=rho_k, **rules)
-        steps = [adaptive_step(lr=lr, weight_decay=0.0, rho=rho_k, d_norm_sq=slope_norm_sq, lower_bound=f_star,
-                               **rules) for lr in lrs]
-        taus = [tau for tau, _ in steps]
-        self._tangential(direction, taus, projector, m, delta)
-        if normal is not None:
-            delta.add_(normal)
-        self._to_x(projection, delta)
-
-        # 5. EstimateStar, state, diagnostics
-        used = f_star
-        if estimate:
-            f_star = estimate_lower_bound(floor, rho=rho_k, tau_d_norm_sq=self._tau_slope_norm(slope, taus), **rules)
-        state.update(loss_avg=loss_avg, gamma=gamma, lower_bound=f_star)
-        if record is not None:
-            record.update(zeta=steps[-1][1], lower_bound_used=used, normal_inner_product=d_dot_n,
-                          projected_direction_norm=slope_norm_sq.sqrt())
-            several = len(self.param_groups) > 1
-            for i, tau in enumerate(taus):
-                record[f"tau/group{i}" if several else "tau"] = tau
-        return Composed(delta, scale, normal_norm)
-
-    def _tangential(self, p: Tensor, taus: list[Tensor], projector: Projector, m: int, out: Tensor) -> Tensor:
-        r""":math:`-\tau P d` (one lr), or :math:`\tilde P(-\mathrm{diag}(\tau_i) P d)` for groups with
-        different lrs (projected again so that it stays in the null space)."""
-        if len(taus) == 1 or all(float(group["lr"]) == float(self.param_groups[0]["lr"]) for group in self.param_groups):
-            return torch.mul(p, (-taus[0]).to(p.dtype), out=out)
-        scaled = torch.empty_like(p)
-        for (_, block), tau in zip(self._group_blocks(), taus):
-            torch.mul(p[block], (-tau).to(p.dtype), out=scaled[block])
-        return projector.project(scaled, out) if m else out.copy_(scaled)
-
-    def _tau_slope_norm(self, p: Tensor, taus: list[Tensor]) -> Tensor:
-        r""":math:`\tau_k \|P d\|^2`, or :math:`\sum_i \tau_i \|(P d)_i\|^2` over groups (as MoMo)."""
-        if len(taus) == 1:
-            return taus[0] * torch.dot(p, p).to(torch.float64)
-        total = torch.zeros((), dtype=torch.float64, device=p.device)
-        for (_, block), tau in zip(self._group_blocks(), taus):
-            total = total + tau * torch.dot(p[block], p[block]).to(torch.float64)
-        return total
+    def _step_function(self, inputs: FlatInputs, state: dict[str, Any], diagnostics: bool) -> ProjectedStep:
+        x = inputs.layout.gather(inputs.reals, self._workspace.vector("parameters", inputs.g), "parameters")
+        f = loss_tensor(inputs.loss).detach().reshape(()).to(device=x.device, dtype=torch.float64)
+        return sqp_momo(inputs.reals, inputs.g, inputs.c, inputs.jacobian, state, loss=f, flat_x=x,
+                        groups=self._group_blocks(), model=self, workspace=self._workspace, diagnostics=diagnostics,
+                        owner=type(self).__name__)
