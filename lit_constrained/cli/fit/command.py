@@ -206,7 +206,10 @@ def main(args: Sequence[str] | None = None) -> None:
     A :class:`~lit_constrained.hints.SetupError` (a setting that cannot work, its message naming the fix:
     the Trainer's ``gradient_clip_val``, ``precision='16-mixed'``, ConstantStepAdam without its callback)
     is printed as one line, ``lit-constrained <subcommand>: error: <message>``, and exits with status 2,
-    as an argument error does; its traceback would only show where the check is made. A run whose files
+    as an argument error does; its traceback would only show where the check is made. So is one of the
+    package's own validation errors at training time (:func:`is_package_validation_error`: an ``Imposed``
+    part, the constraint checks, non-finite values, ``--ckpt_path last`` without a checkpoint) unless
+    ``LIT_CONSTRAINED_TRACEBACK`` is set; an error of the user's own code keeps its traceback. A run whose files
     cannot be written any more (a full disk, a read-only file system) ends with the one line that names
     the directory and exit status 1 (:func:`~lit_constrained.callbacks.integrity.exit_after_write_failure`)."""
     put_working_directory_on_path()
@@ -218,15 +221,42 @@ def main(args: Sequence[str] | None = None) -> None:
     except TrainingInterrupted:  # every rank stopped after the same step: an agreed end, as above
         end_process_group(grouped_before)
         raise
-    except SetupError as error:
-        subcommand = next((a for a in given if a in ("fit", "validate", "test", "predict")), None)
-        prog = f"lit-constrained {subcommand}" if subcommand else "lit-constrained"
-        sys.stderr.write(f"{prog}: error: {' '.join(str(error).split())}\n")
-        raise SystemExit(2) from None
-    except Exception as error:  # a file system that filled up or turned read-only: its one line, exit 1
-        if write_failure(error) is None:
+    except Exception as error:
+        if isinstance(error, SetupError) or (is_package_validation_error(error)
+                                              and not os.environ.get(TRACEBACK_VARIABLE)):
+            subcommand = next((a for a in given if a in ("fit", "validate", "test", "predict")), None)
+            prog = f"lit-constrained {subcommand}" if subcommand else "lit-constrained"
+            sys.stderr.write(f"{prog}: error: {' '.join(str(error).split())}\n")
+            raise SystemExit(2) from None
+        if write_failure(error) is None:  # a file system that filled up or turned read-only: its one line, exit 1
             raise
         exit_after_write_failure(error)
+
+
+#: set (to anything non-empty) to see the traceback of the package's own validation errors
+TRACEBACK_VARIABLE = "LIT_CONSTRAINED_TRACEBACK"
+
+#: the one list of the exception types the package's validation raises (``Imposed``, the constraint
+#: checks of ``optim.checks``, non-finite values, ``MissingCheckpointError`` (a FileNotFoundError)); one
+#: of them is the package's only when it was raised by the package's own code (below)
+PACKAGE_VALIDATION_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, FileNotFoundError,
+                                                            FloatingPointError)
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def is_package_validation_error(error: BaseException) -> bool:
+    """Whether ``error`` is one of :data:`PACKAGE_VALIDATION_ERRORS` raised by a check of this package:
+    its innermost frame is in ``lit_constrained/`` and no other exception caused it (an error of a
+    user's own code, or of a library the package calls, keeps its traceback)."""
+    if not isinstance(error, PACKAGE_VALIDATION_ERRORS) or error.__cause__ is not None or error.__context__ is not None:
+        return False
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep)
 
 
 def end_process_group(grouped_before: bool) -> None:
