@@ -37,7 +37,8 @@ into the output (no concatenation of pieces). Pure PyTorch: no Lightning.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -95,15 +96,42 @@ def chunk_points(width: int, n: int, itemsize: int, memory_budget: int, path: st
 class _Reparametrized(nn.Module):
     """Calls ``residual`` with ``module`` registered as a submodule, so that ``functional_call`` on
     this wrapper swaps the module's parameters (``"module.<name>"``) for the duration of the call:
-    the public way to evaluate ANY function of the module (not only its ``forward``) functionally."""
+    the public way to evaluate ANY function of the module (not only its ``forward``) functionally.
+
+    ``residual`` is kept as a plain attribute, not registered: it may be the module itself
+    (``Imposed(self, points)``) or one of its submodules, and a module reachable under two names is
+    swapped under both and then restored in the same (first-in, first-out) order, which leaves the
+    second name's saved value, the swapped tensor, in place (see :func:`_parameters_kept`)."""
 
     def __init__(self, module: nn.Module, residual: Residual) -> None:
         super().__init__()
         self.module = module
-        self.residual = residual
+        object.__setattr__(self, "residual", residual)
 
     def forward(self, points: Tensor) -> Tensor:
         return self.residual(points)
+
+
+@contextmanager
+def _parameters_kept(module: nn.Module) -> Iterator[None]:
+    """Put every parameter of ``module`` back in its slot when the block ends, however it ends.
+
+    ``functional_call`` swaps the given tensors into the module and swaps the originals back in the
+    order it swapped them; a parameter slot reachable under two names (a submodule registered twice,
+    e.g. ``self.u = self.net``) is swapped twice and restored first to the original, then to the
+    swapped tensor it saved second. The module would keep ``torch.func``'s wrapped tensors: the next
+    forward has no graph to the parameters ("constraints() returned a tensor without grad"), and
+    Lightning's teardown (``module.cpu()``, ``param.data = ...``) raises "mutating directly with
+    `.data` inside functorch transform is not allowed". This restores the slots themselves (each
+    submodule once), so neither an alias nor an exception inside the transforms can leave them."""
+    slots = [(owner, name, tensor) for owner in module.modules()
+             for name, tensor in owner._parameters.items() if tensor is not None]
+    try:
+        yield
+    finally:
+        for owner, name, tensor in slots:
+            if owner._parameters.get(name) is not tensor:
+                owner._parameters[name] = tensor
 
 
 def _param_keys(module: nn.Module, params: Sequence[Tensor]) -> list[str]:
@@ -130,16 +158,17 @@ def _func_rows(
         return functional_call(wrapper, values, (x[None],)).reshape(-1)
 
     per_point = vmap(jacrev(at_point), in_dims=(None, 0))
-    for start in range(0, points.shape[0], chunk):
-        x = points[start:start + chunk]
-        grads = per_point(theta, x)  # per parameter: (C, k, *shape)
-        rows = out[start * width:(start + x.shape[0]) * width]
-        column = 0
-        for g, size in zip(grads, sizes):
-            if g.shape[1] != width:
-                raise ValueError(f"the residual returned {g.shape[1]} values for one point, expected {width}.")
-            rows[:, column:column + size].copy_(g.reshape(-1, size))
-            column += size
+    with _parameters_kept(module):
+        for start in range(0, points.shape[0], chunk):
+            x = points[start:start + chunk]
+            grads = per_point(theta, x)  # per parameter: (C, k, *shape)
+            rows = out[start * width:(start + x.shape[0]) * width]
+            column = 0
+            for g, size in zip(grads, sizes):
+                if g.shape[1] != width:
+                    raise ValueError(f"the residual returned {g.shape[1]} values for one point, expected {width}.")
+                rows[:, column:column + size].copy_(g.reshape(-1, size))
+                column += size
 
 
 def _autograd_rows(
