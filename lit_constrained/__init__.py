@@ -7,7 +7,7 @@ lazily so that importing the optimizers does not import Lightning.
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["ConstrainedModule", "Imposed", "__version__"]
+__all__ = ["ConstrainedModule", "Coupled", "Imposed", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,8 +15,8 @@ def __getattr__(name: str) -> Any:
         from .module import ConstrainedModule
 
         return ConstrainedModule
-    if name == "Imposed":  # no Lightning import: a plain dataclass
-        from .imposed import Imposed
+    if name in ("Imposed", "Coupled"):  # no Lightning import: plain dataclasses
+        from . import imposed
 
-        return Imposed
+        return getattr(imposed, name)
     raise AttributeError(f"module 'lit_constrained' has no attribute {name!r}")

@@ -1,15 +1,22 @@
-r"""What a task imposes, point by point: :class:`Imposed` parts and their constraint vector.
+r"""What a task imposes: the named parts of ``imposed()`` (:class:`Imposed`, :class:`Coupled`), their
+senses and per-point data, and their constraint vector.
 
-A task declares its hard constraints as named parts (``ConstrainedModule.imposed(batch)``), each a
-per-point residual and the points where it must vanish::
+A task declares its hard constraints once, as named parts (``ConstrainedModule.imposed(batch)``), each
+carrying everything the step needs: its residual, where it is imposed, its sense and any per-point
+data (normals, weights, values)::
 
     def imposed(self, batch):
         return {"pde": Imposed(self.pde_residual, batch["x_pde"]),
-                "boundary": Imposed(self.boundary_residual, self.x_bc)}
+                "wall": Imposed(self.flux, self.x_wall, data=self.n_wall),            # residual(x, n)
+                "obstacle": Imposed(self.gap, batch["x_obstacle"], sense=">="),
+                "mass": Coupled(lambda: self.mass(batch) - 1)}                     # one row of many points
 
-Part :math:`p` has the residual :math:`r_p : (N_p, d_p) \to (N_p,)` or :math:`(N_p, k_p)` and points
-:math:`X_p \in \mathbb{R}^{N_p \times d_p}`; row i of :math:`r_p(X_p)` depends ONLY on
-:math:`X_p[i]`. The constraint vector is the concatenation, parts in their order, each row-major
+An :class:`Imposed` part :math:`p` has the residual :math:`r_p : (N_p, d_p) \to (N_p,)` or
+:math:`(N_p, k_p)` (called ``r_p(X_p)``, or ``r_p(X_p, D_p)`` with its per-point data :math:`D_p`: a
+tensor or a dict of tensors, each with :math:`N_p` rows) and points
+:math:`X_p \in \mathbb{R}^{N_p \times d_p}`; row i of :math:`r_p` depends ONLY on :math:`X_p[i]` (and
+:math:`D_p[i]`). A :class:`Coupled` part's rows may each depend on many points (an integral, a
+whole-field operator). The constraint vector is the concatenation, parts in their order, each row-major
 over :math:`(N_p, k_p)`:
 
 .. math::
@@ -18,21 +25,27 @@ over :math:`(N_p, k_p)`:
     \qquad m = \textstyle\sum_p N_p k_p,
 
 so constraint :math:`o_p + i k_p + j` is component j of part p at its point i (:math:`o_p` the
-part's offset). Because each row depends on one point only, the Jacobian of c is assembled point by
-point (:mod:`lit_constrained.jacobians.pointwise`), linear in m. This module imports no Lightning.
+part's offset). Because each row of an :class:`Imposed` part depends on one point only, the Jacobian of
+c is assembled point by point (:mod:`lit_constrained.jacobians.pointwise`, the data mapped along with
+the points), linear in m. Each part's sense gives its rows' signs (:func:`layout_signs`), which the
+step reads from the parts' layout. This module imports no Lightning.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Union
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "AUTO", "SENSES", "Imposed", "check_count", "PartLayout", "SenseRows", "Sense", "active_rows", "check_sense", "concatenate_parts",
-    "imposed_values", "layout_signs", "part_layout", "sense_signs", "split_parts", "violated_part",
+    "AUTO", "SENSES", "Coupled", "Imposed", "Part", "PointData", "check_count", "PartLayout", "SenseRows", "Sense",
+    "active_rows", "check_sense", "concatenate_parts", "imposed_values", "layout_signs", "part_layout", "part_values",
+    "split_parts", "take_points", "violated_part",
 ]
 
 Sense = str
@@ -58,16 +71,44 @@ RESERVED_PART_NAMES = frozenset({"train", "val", "test"})
 logged as ``Violation/<name>/<stage>``)."""
 
 
+PointData = Union[Tensor, Mapping[str, Tensor]]
+"""Per-point data of an :class:`Imposed` part: a tensor, or a dict of tensors, each with one row per point."""
+
+
+def take_points(data: PointData | None, index: Any) -> PointData | None:
+    """``data`` at the points ``index`` (a slice or an index tensor), the same for a tensor and each
+    tensor of a dict (None: None)."""
+    if data is None or isinstance(data, Tensor):
+        return None if data is None else data[index]
+    return {key: value[index] for key, value in data.items()}
+
+
+def _check_data(data: object, n: int) -> None:
+    """A clear error unless ``data`` is None, a tensor or a dict of tensors with ``n`` rows each."""
+    if data is None:
+        return
+    items = [("data", data)] if isinstance(data, Tensor) else (
+        [(f"data[{key!r}]", value) for key, value in data.items()] if isinstance(data, Mapping) else None)
+    if not items:
+        raise TypeError(f"Imposed.data must be a tensor or a non-empty dict of tensors (one row per point), got "
+                        f"{type(data).__name__ if not isinstance(data, Mapping) else 'an empty dict'}.")
+    for label, value in items:
+        if not isinstance(value, Tensor) or value.dim() == 0 or value.shape[0] != n:
+            got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise ValueError(f"Imposed.{label} must be a tensor with one row per point ({n}, ...), got {got}.")
+
+
 @dataclass(frozen=True)
 class Imposed:
     """One part of the hard constraints: ``residual(points) = 0`` (or ``<= 0``, ``>= 0``: ``sense``) at
     every point.
 
     Attributes:
-        residual: ``points (N, d) -> (N,)`` or ``(N, k)``; row i depends ONLY on ``points[i]``. It
-            calls the task's network (e.g. a bound method using ``self.net``). The per-point
-            Jacobian evaluates it under ``torch.func`` with functional parameters, one point at a
-            time (a batch of ONE point, shape (1, d)); a residual whose input derivatives use plain
+        residual: ``points (N, d) -> (N,)`` or ``(N, k)``, or ``(points, data) -> ...`` when the part has
+            ``data``; row i depends ONLY on ``points[i]`` (and ``data``'s row i). It calls the task's
+            network (e.g. a bound method using ``self.net``). The per-point Jacobian evaluates it under
+            ``torch.func`` with functional parameters, one point at a time (a batch of ONE point, shape
+            (1, d), and its data's row, shape (1, ...)); a residual whose input derivatives use plain
             ``torch.autograd.grad`` still works there, on the slower chunked-autograd path.
         points: the imposed points, ``(N, d)`` (a buffer or an entry of the batch).
         sense: ``"="`` (default: ``residual = 0``), ``"<="`` (``residual <= 0``) or ``">="``
@@ -77,12 +118,18 @@ class Imposed:
             re-chosen every ``rechoose_every`` steps: :mod:`lit_constrained.module_parts.row_choice`).
             ``"auto"``: the module also chooses how many, within its cost budget (an imposed step at
             most ``imposed_cost_ratio`` times the unconstrained step, measured) and the rank of J.
+        data: per-point data handed to the residual beside the points (None, the default: the residual
+            takes the points only): a tensor ``(N, ...)`` or a dict of them (e.g. the outward normals
+            of boundary points, a weight or a boundary value per point). It travels with the points
+            wherever they go: cut with them to the chosen points of a ``count``, mapped with them in the
+            per-point Jacobian, cast with them to the ``constraint_dtype``.
     """
 
-    residual: Callable[[Tensor], Tensor]
+    residual: Callable[..., Tensor]
     points: Tensor
     sense: Sense = "="
     count: int | str | None = None
+    data: PointData | None = None
 
     def __post_init__(self) -> None:
         check_sense(self.sense)
@@ -92,6 +139,59 @@ class Imposed:
             shape = tuple(self.points.shape) if isinstance(self.points, Tensor) else type(self.points).__name__
             raise ValueError(f"Imposed.points must be a 2-D tensor (N points, d coordinates), got {shape}.")
         check_count(self.count)
+        _check_data(self.data, self.points.shape[0])
+
+    def values(self) -> Tensor:
+        """The residual at the part's points: ``residual(points)``, or ``residual(points, data)``."""
+        return self.residual(self.points) if self.data is None else self.residual(self.points, self.data)
+
+    def at(self, index: Any) -> Imposed:
+        """The part at the points ``index`` only (a slice or an index tensor; its data cut with them)."""
+        return dataclasses.replace(self, points=self.points[index], data=take_points(self.data, index))
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Imposed:
+        """The part with its points and data on ``device`` (e.g. the task's: ``part.to(self.device)``), the
+        floating ones cast to ``dtype`` (None: kept)."""
+        def move(t: Tensor) -> Tensor:
+            return t.to(device=device, dtype=dtype if t.is_floating_point() else None)
+
+        data = None if self.data is None else (move(self.data) if isinstance(self.data, Tensor)
+                                               else {key: move(value) for key, value in self.data.items()})
+        return dataclasses.replace(self, points=move(self.points), data=data)
+
+
+@dataclass(frozen=True)
+class Coupled:
+    """A part of the hard constraints whose rows are not pointwise: ``residual() = 0`` (or ``<= 0``,
+    ``>= 0``: ``sense``), each row free to depend on many points (an integral such as a mass
+    :math:`\\int p - 1`, a finite-difference stencil of a whole field).
+
+    Attributes:
+        residual: ``() -> ()``, ``(m,)`` or ``(m, k)``: the part's rows, computed from the task's network
+            (e.g. ``lambda: self.mass(batch) - 1``).
+        sense: ``"="`` (default), ``"<="`` or ``">="``, for every row of the part.
+
+    A declaration with a :class:`Coupled` part is differentiated as a whole by the general autograd
+    Jacobian of c (:func:`~lit_constrained.jacobians.batched.constraint_jacobian`: batched, falling back
+    to the row loop) and evaluated in the network's dtype (``constraint_dtype`` promotes per-point
+    residuals only).
+    """
+
+    residual: Callable[[], Tensor]
+    sense: Sense = "="
+
+    def __post_init__(self) -> None:
+        check_sense(self.sense, "Coupled")
+        if not callable(self.residual):
+            raise TypeError(f"Coupled.residual must be callable (() -> rows), got {type(self.residual).__name__}.")
+
+    def values(self) -> Tensor:
+        """The part's rows."""
+        return self.residual()
+
+
+Part = Union[Imposed, Coupled]
+"""One named part of ``imposed()``: per-point (:class:`Imposed`) or coupled rows (:class:`Coupled`)."""
 
 
 AUTO = "auto"
@@ -125,8 +225,8 @@ class PartLayout:
         return self.points * self.width
 
 
-def check_parts(parts: Mapping[str, Imposed], owner: str = "imposed()") -> None:
-    """Clear errors for a malformed declaration (not a mapping of names to :class:`Imposed`)."""
+def check_parts(parts: Mapping[str, Part], owner: str = "imposed()") -> None:
+    """Clear errors for a malformed declaration (not a mapping of names to :class:`Imposed` or :class:`Coupled`)."""
     if not isinstance(parts, Mapping):
         raise TypeError(f"{owner} must return a mapping of part names to Imposed (or None), got {type(parts).__name__}.")
     for name, part in parts.items():
@@ -137,15 +237,22 @@ def check_parts(parts: Mapping[str, Imposed], owner: str = "imposed()") -> None:
                 f"{owner}: the part name {name!r} is reserved (it is a stage of the Violation/<stage> tags); "
                 "rename the part, e.g. 'pde' or 'boundary'."
             )
-        if not isinstance(part, Imposed):
-            raise TypeError(f"{owner}[{name!r}] must be an Imposed(residual, points), got {type(part).__name__}.")
+        if not isinstance(part, (Imposed, Coupled)):
+            raise TypeError(f"{owner}[{name!r}] must be an Imposed(residual, points) or a Coupled(residual), got "
+                            f"{type(part).__name__}.")
 
 
-def _check_values(name: str, values: Tensor, points: Tensor) -> Tensor:
-    """``values`` as (N, k): a residual returns (N,) or (N, k) for N points."""
+def _check_values(name: str, values: Tensor, part: Part) -> Tensor:
+    """``values`` as (N, k): an :class:`Imposed` residual returns (N,) or (N, k) for N points, a
+    :class:`Coupled` one (), (m,) or (m, k)."""
     if not isinstance(values, Tensor):
         raise TypeError(f"the residual of part {name!r} returned {type(values).__name__}, not a tensor.")
-    n = points.shape[0]
+    if isinstance(part, Coupled):
+        if values.dim() <= 2:
+            return values.reshape(1, 1) if values.dim() == 0 else (values[:, None] if values.dim() == 1 else values)
+        raise ValueError(f"the residual of the coupled part {name!r} returned shape {tuple(values.shape)}: it must "
+                         "return (), (m,) or (m, k).")
+    n = part.points.shape[0]
     if values.dim() == 1 and values.shape[0] == n:
         return values[:, None]
     if values.dim() == 2 and values.shape[0] == n:
@@ -156,14 +263,19 @@ def _check_values(name: str, values: Tensor, points: Tensor) -> Tensor:
     )
 
 
-def imposed_values(parts: Mapping[str, Imposed]) -> dict[str, Tensor]:
+def part_values(name: str, part: Part) -> Tensor:
+    """One part's residual at its points (a :class:`Coupled` part: its rows), checked, as ``(N, k)``."""
+    return _check_values(name, part.values(), part)
+
+
+def imposed_values(parts: Mapping[str, Part]) -> dict[str, Tensor]:
     """Every part's residual at its points, each as ``(N, k)`` (attached to the graph as computed)."""
     check_parts(parts)
-    return {name: _check_values(name, part.residual(part.points), part.points) for name, part in parts.items()}
+    return {name: part_values(name, part) for name, part in parts.items()}
 
 
 def part_layout(
-    values: Mapping[str, Tensor], parts: Mapping[str, Imposed] | None = None
+    values: Mapping[str, Tensor], parts: Mapping[str, Part] | None = None
 ) -> tuple[PartLayout, ...]:
     """The rows of c each part occupies (from the parts' ``(N, k)`` values, in order), each with its
     part's sense (from ``parts``; without them every part is an equality)."""
@@ -195,24 +307,12 @@ def split_parts(c: Tensor, layout: tuple[PartLayout, ...]) -> dict[str, Tensor]:
 
 
 # ----------------------------------------------------------------------------------------- the senses
-def sense_signs(senses: str | Sequence[str], m: int) -> Tensor | None:
-    """The per-row signs :math:`s \\in \\{0, +1, -1\\}^m` (int8) of ``senses``: one sense for all m rows,
-    or one per row. None when every row is an equality (the step is then today's, unchanged)."""
-    if isinstance(senses, str):
-        sign = _SIGN[check_sense(senses, "constraint_senses()")]
-        return None if sign == 0 or m == 0 else torch.full((m,), sign, dtype=torch.int8)
-    senses = tuple(senses)
-    if len(senses) != m:
-        raise ValueError(
-            f"constraint_senses() gives {len(senses)} senses for the {m} constraint rows: give one per row "
-            "(or one string for all of them)."
-        )
-    signs = [_SIGN[check_sense(sense, "constraint_senses()")] for sense in senses]
-    return torch.tensor(signs, dtype=torch.int8) if any(signs) else None
-
-
-def layout_signs(layout: Sequence[PartLayout]) -> Tensor | None:
-    """The per-row signs of the imposed parts (None when every part is an equality)."""
+@lru_cache(maxsize=64)
+def layout_signs(layout: tuple[PartLayout, ...]) -> Tensor | None:
+    """The per-row signs :math:`s \\in \\{0, +1, -1\\}^m` (int8: 0 ``"="``, +1 ``"<="``, -1 ``">="``) of the
+    parts' rows, by each part's sense; None when every part is an equality (the step is then the
+    equality step, unchanged). The same tensor for the same layout (the step caches its split of the
+    rows by it): read it, never write it."""
     if all(part.sense == "=" for part in layout):
         return None
     return torch.cat([torch.full((part.size,), _SIGN[part.sense], dtype=torch.int8) for part in layout])

@@ -17,7 +17,7 @@ from torch.optim import Optimizer
 
 from .batch import cast_floats
 from .class_spec import SpecFactory
-from .imposed import Imposed, PartLayout
+from .imposed import Part, PartLayout
 from .jacobians import PointwiseJacobian, constraint_jacobian
 from .module_parts import (
     checkpoint_trust, declarations, evaluation, imposed_rows, schedulers, step_logging, step_services, tensorboard,
@@ -117,8 +117,9 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
             a float32 network's weights (the objective, its gradient and the step's n-vectors stay
             float32; :mod:`~lit_constrained.module_parts.constraint_precision`): float32 noise in a PDE's
             second derivatives would otherwise stall max |c| near 1e-4-1e-3 (docs/float32.md).
-            ``"native"``: in the network's dtype. No effect on a float64 network or on a task that
-            overrides :meth:`constraints` without :meth:`imposed`.
+            ``"native"``: in the network's dtype. No effect on a float64 network, on a task that
+            overrides :meth:`constraints` without :meth:`imposed`, or on a declaration with a
+            :class:`~lit_constrained.imposed.Coupled` part (c evaluated as one graph).
         lr_decay: the lr schedule when ``lr_scheduler`` is None and the optimizer is one of the package's
             SQP optimizers: ``"cosine"`` (default: from lr to lr / 100 over the Trainer's
             ``estimated_stepping_batches``, when that is finite), ``"linear"`` (the same end, a straight
@@ -176,40 +177,34 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
     def objective(self, batch: Any) -> Tensor:
         """The scalar objective f on ``batch`` (to be minimized); every task implements it."""
 
-    def imposed(self, batch: Any) -> Mapping[str, Imposed] | None:
-        """The hard constraints as named per-point parts (None, the default: the task overrides
-        :meth:`constraints` instead, or has none).
+    def imposed(self, batch: Any) -> Mapping[str, Part] | None:
+        """The hard constraints, declared once: named parts, each with its residual, its points, its
+        sense and its per-point data (None, the default: no constraints, or a task that computes c
+        itself in :meth:`constraints`, every row an equality).
 
-        Return e.g. ``{"pde": Imposed(self.pde_residual, batch["x_pde"]), "boundary":
-        Imposed(self.boundary_residual, self.x_bc)}``: each residual maps points (N, d) to (N,) or
-        (N, k), row i depending only on point i (:class:`~lit_constrained.imposed.Imposed`). Then the
-        default :meth:`constraints` is their concatenation, the default :meth:`constraint_jacobian`
-        is computed point by point (linear in m; ``jacobian_method="auto"``), and with two parts or
-        more each part's max |c| is logged on its own (``Violation/<name>/<stage>``).
+        Return e.g. ``{"pde": Imposed(self.pde_residual, batch["x_pde"]), "wall":
+        Imposed(self.flux, self.x_wall, data=self.n_wall), "obstacle": Imposed(self.gap, batch["x_o"],
+        sense=">="), "mass": Coupled(lambda: self.mass(batch) - 1)}``
+        (:class:`~lit_constrained.imposed.Imposed`: a residual mapping points (N, d), and their data when
+        given, to (N,) or (N, k), row i depending only on point i;
+        :class:`~lit_constrained.imposed.Coupled`: rows that may each depend on many points). The
+        conditions of a geometry build such parts (``domain.dirichlet(u, n)``, ``domain.neumann(u, n)``,
+        ``box.periodic(u, "x", n)``: :mod:`lit_constrained.physics.conditions`). Then the default
+        :meth:`constraints` is their concatenation, the rows' senses are the parts' (the step reads them
+        from :attr:`imposed_layout`), the default :meth:`constraint_jacobian` is computed point by point
+        (linear in m; ``jacobian_method="auto"``; the general autograd Jacobian with a ``Coupled`` part),
+        and with two parts or more each part's max |c| is logged on its own (``Violation/<name>/<stage>``).
         """
         return None
 
     def constraints(self, batch: Any) -> Tensor | None:
-        """The 1-D tensor of m residuals that must vanish (None: no constraints).
+        """The 1-D tensor of m residuals the step imposes (None: no constraints).
 
-        Default: the parts of :meth:`imposed`, each ``residual(points)`` flattened row-major over
-        (N, k), concatenated in order (None when it declares none)."""
+        Default: the parts of :meth:`imposed`, each residual at its points flattened row-major over
+        (N, k), concatenated in order (None when it declares none). A task that computes c itself (its
+        rows all equalities, e.g. with its own :meth:`constraint_jacobian`) may override it instead of
+        declaring :meth:`imposed`."""
         return self._imposed_rows.concatenate(self._imposed_rows.evaluated_parts(self, batch))
-
-    def constraint_senses(self, m: int) -> str | Sequence[str] | None:
-        """The sense of the m rows of :meth:`constraints`, for a task that overrides it without
-        :meth:`imposed`: ``"="`` (c_i = 0), ``"<="`` (c_i <= 0) or ``">="`` (c_i >= 0), one string for
-        every row or a sequence of m, one per row (e.g. ``("=",) + (">=",) * (m - 1)``). None (the
-        default): every row is an equality, or the senses of the :meth:`imposed` parts
-        (``Imposed(..., sense=">=")``), which a non-None value overrides."""
-        return None
-
-    def constraint_signs(self, m: int) -> Tensor | None:
-        """The per-row signs of the m rows of :meth:`constraints` (int8: 0 ``"="``, +1 ``"<="``, -1
-        ``">="``; None when every row is an equality): :meth:`constraint_senses`, else the imposed
-        parts' senses (:func:`~lit_constrained.imposed.layout_signs`). The same tensor while the senses
-        stay the same (the step caches its split of the rows by it)."""
-        return self._imposed_rows.signs(self.constraint_senses(m), m)
 
     def validation_constraints(self, batch: Any) -> Tensor | None:
         """Residuals reported at validation/test (default: the training constraints).
@@ -259,8 +254,10 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
 
     @property
     def imposed_layout(self) -> tuple[PartLayout, ...] | None:
-        """Name, offset and size of each part of :meth:`imposed` in the c of the last :meth:`constraints`
-        call (None: no ``imposed()``, or not called yet); each part's max |c| is logged by it."""
+        """Name, offset, size and sense of each part of :meth:`imposed` in the c of the last
+        :meth:`constraints` call (None: no ``imposed()``, or not called yet); each part's max |c| is
+        logged by it, and the step reads the rows' senses from it
+        (:func:`~lit_constrained.stepping.row_signs`)."""
         return self._imposed_rows.layout
 
     # ----------------------------------------------------------------- Lightning hooks

@@ -32,8 +32,8 @@ Its step:
    whose ``step`` takes one: the post-step corrections of
    :meth:`~lit_constrained.optim.constrained.ConstrainedOptimizer._correct`.
 
-**Inequality rows.** A task whose rows have senses (``Imposed(..., sense="<=" | ">=")``, or its
-``constraint_signs(m)``: :func:`row_signs`) is evaluated as above (all m rows: c, J, the one all-gather,
+**Inequality rows.** A task whose rows have senses (``Imposed(..., sense="<=" | ">=")``, read from
+the parts' layout: :func:`row_signs`) is evaluated as above (all m rows: c, J, the one all-gather,
 the finiteness flag); the optimizer then gets the equality rows as ``constraints``/``jacobian`` and the
 inequality rows, signed to read :math:`g \\le 0` (``">="``: :math:`g = -r`), as
 ``inequalities``/``inequality_jacobian`` (:class:`~lit_constrained.imposed.SenseRows`); its
@@ -61,7 +61,7 @@ from torch.optim import Optimizer
 
 from .distributed import AllGather, reduce_step, row_slice
 from .hints import DERIVATIVE_FIX, add_hint, describe_batch, is_derivative_without_graph
-from .imposed import SenseRows, violated_part
+from .imposed import SenseRows, layout_signs, violated_part
 from .optim.checks import check_constraints, check_objective, count_nonfinite
 from .jacobians import numel_real
 from .optim.flat import group_params
@@ -87,11 +87,14 @@ INEQUALITY_OPTIMIZERS = "lit_constrained.optim.SQPAdam or lit_constrained.optim.
 
 
 def row_signs(task: Any, m: int) -> Tensor | None:
-    """The per-row signs of a task's m constraint rows (0 ``"="``, +1 ``"<="``, -1 ``">="``), from its
-    ``constraint_signs(m)`` (:class:`~lit_constrained.module.ConstrainedModule` has it); None: all
-    equalities (also for a task without the hook)."""
-    hook = getattr(task, "constraint_signs", None)
-    return None if hook is None or m == 0 else hook(m)
+    """The per-row signs of a task's m constraint rows (0 ``"="``, +1 ``"<="``, -1 ``">="``), from the
+    senses of the parts in its ``imposed_layout`` (:class:`~lit_constrained.module.ConstrainedModule`
+    records it; :func:`~lit_constrained.imposed.layout_signs`: the same tensor for the same layout);
+    None: all equalities (also for a task without a layout, or one of another size than m)."""
+    layout = getattr(task, "imposed_layout", None)
+    if m == 0 or layout is None or sum(part.size for part in layout) != m:
+        return None
+    return layout_signs(tuple(layout))
 
 
 @runtime_checkable
@@ -401,7 +404,7 @@ class TrainingStepper:
         union: the signs repeat), cached while the task returns the same signs tensor."""
         copies = rows // max(signs.numel(), 1)
         if copies * signs.numel() != rows:
-            raise ValueError(f"constraint_signs() gives {signs.numel()} signs for {rows} constraint rows.")
+            raise ValueError(f"the imposed parts' layout gives {signs.numel()} signs for {rows} constraint rows.")
         cached = self._sense_rows
         if cached is None or cached[0] is not signs or cached[1] != copies:
             self._sense_rows = (signs, copies, SenseRows.of(signs.repeat(copies) if copies > 1 else signs))

@@ -1,5 +1,6 @@
 """lit_constrained/imposed.py: the senses of a part (parsing, the signs, the split into c = 0 and
-g <= 0, the violated part), each against a hand computation."""
+g <= 0, the violated part), a part's per-point data (handed to the residual, cut with the points) and the
+coupled parts, each against a hand computation."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from lit_constrained.imposed import (
-    SENSES, Imposed, PartLayout, SenseRows, active_rows, check_sense, layout_signs, part_layout, sense_signs,
+    SENSES, Coupled, Imposed, PartLayout, SenseRows, active_rows, check_sense, imposed_values, layout_signs, part_layout,
     violated_part,
 )
 
@@ -48,14 +49,58 @@ def test_the_layout_carries_each_part_sense_and_its_signs() -> None:
     assert layout_signs((PartLayout("b", 0, 2, 1),)) is None  # equalities only: today's step
 
 
-def test_sense_signs_one_for_all_rows_or_one_per_row() -> None:
-    assert sense_signs(">=", 3).tolist() == [-1, -1, -1]
-    assert sense_signs(["=", "<=", ">="], 3).tolist() == [0, 1, -1]
-    assert sense_signs("=", 4) is None and sense_signs(["=", "="], 2) is None
-    with pytest.raises(ValueError, match="2 senses for the 3 constraint rows"):
-        sense_signs(["=", "<="], 3)
-    with pytest.raises(ValueError, match="'>='"):
-        sense_signs(["=", "=>"], 2)
+def test_the_signs_are_one_tensor_per_layout() -> None:
+    """The step caches its split of the rows by the signs tensor: an equal layout gives the same one."""
+    first = (PartLayout("b", 0, 2, 1), PartLayout("lo", 2, 3, 1, ">="))
+    again = (PartLayout("b", 0, 2, 1), PartLayout("lo", 2, 3, 1, ">="))
+    assert layout_signs(first) is layout_signs(again)
+    assert layout_signs(first) is not layout_signs((PartLayout("b", 0, 2, 1), PartLayout("lo", 2, 3, 1, "<=")))
+
+
+# ---------------------------------------------------------------------------- per-point data
+def _flux(x: torch.Tensor, data: dict[str, torch.Tensor]) -> torch.Tensor:
+    return (x * data["n"]).sum(dim=1) - data["g"]
+
+
+def test_data_is_handed_to_the_residual_beside_the_points_and_cut_with_them() -> None:
+    x = torch.arange(8.0).reshape(4, 2)
+    data = {"n": torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]]), "g": torch.tensor([0.0, 1.0, 2.0, 3.0])}
+    part = Imposed(_flux, x, data=data)
+    assert part.values().tolist() == [0.0, 2.0, 7.0, -3.0]  # x . n - g, point by point
+    two = part.at(torch.tensor([1, 3]))
+    assert two.points.tolist() == [[2.0, 3.0], [6.0, 7.0]] and two.data["g"].tolist() == [1.0, 3.0]
+    assert two.values().tolist() == [2.0, -3.0]
+    assert imposed_values({"flux": part})["flux"].shape == (4, 1)
+    weights = Imposed(lambda x, w: w * x[:, 0], x, data=torch.tensor([1.0, 2.0, 3.0, 4.0]))  # a tensor as data
+    assert weights.at(slice(2, 4)).values().tolist() == [12.0, 24.0]
+    moved = part.to(dtype=torch.float64)
+    assert moved.points.dtype == moved.data["n"].dtype == torch.float64
+
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.zeros(2), "one row per point \\(3, ...\\), got \\(2,\\)"),
+    ({"n": torch.zeros(3, 2), "g": torch.zeros(4)}, "data\\['g'\\] must be a tensor with one row per point"),
+    ({}, "non-empty dict"),
+    ([torch.zeros(3)], "a tensor or a non-empty dict"),
+])
+def test_data_of_another_shape_is_refused(bad: object, message: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=message):
+        Imposed(_flux, torch.zeros(3, 2), data=bad)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- coupled rows
+def test_a_coupled_part_gives_its_rows_with_its_sense() -> None:
+    x = torch.tensor([[1.0], [2.0], [3.0]])
+    parts = {"mass": Coupled(lambda: x.sum() - 6.0), "nonnegative": Imposed(_identity, x, sense=">="),
+             "pairs": Coupled(lambda: x[1:] - x[:-1], sense="<=")}
+    values = imposed_values(parts)
+    assert {name: tuple(v.shape) for name, v in values.items()} == {"mass": (1, 1), "nonnegative": (3, 1), "pairs": (2, 1)}
+    layout = part_layout(values, parts)
+    assert layout_signs(layout).tolist() == [0, -1, -1, -1, 1, 1]
+    with pytest.raises(ValueError, match="coupled part 'bad' returned shape \\(1, 1, 1\\)"):
+        imposed_values({"bad": Coupled(lambda: torch.zeros(1, 1, 1))})
+    with pytest.raises(ValueError, match="Coupled: sense must be"):
+        Coupled(lambda: x.sum(), sense="==")
 
 
 def test_the_split_signs_the_inequality_rows_to_read_g_below_zero() -> None:

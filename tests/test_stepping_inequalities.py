@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from lit_constrained.imposed import Imposed
+from lit_constrained.imposed import Coupled, Imposed, PartLayout
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.optim import AdamCon, SQPAdam
 from tests.helpers.lightning import MemoryLogger, quiet_trainer
@@ -52,18 +52,13 @@ class Line(ConstrainedModule):
                 "below": Imposed(lambda x: self.u(x) - 0.3, self.x_below, sense="<=")}
 
 
-class LineBySenses(Line):
-    """The same rows from an overridden constraints() and the constraint_senses() hook."""
+class LineByCoupledRows(Line):
+    """The same rows as Coupled parts (each part's rows computed as a whole, the general autograd Jacobian)."""
 
-    def imposed(self, batch: Any) -> None:  # type: ignore[override]
-        return None
-
-    def constraints(self, batch: Any) -> Tensor:
-        return torch.cat([self.u(self.x_bc), self.u(self.x_above) - psi(self.x_above), self.u(self.x_below) - 0.3])
-
-    def constraint_senses(self, m: int) -> tuple[str, ...]:
-        assert m == 7
-        return ("=",) * 2 + (">=",) * 3 + ("<=",) * 2
+    def imposed(self, batch: Any) -> dict[str, Coupled]:
+        return {"boundary": Coupled(lambda: self.u(self.x_bc)),
+                "above": Coupled(lambda: self.u(self.x_above) - psi(self.x_above), sense=">="),
+                "below": Coupled(lambda: self.u(self.x_below) - 0.3, sense="<=")}
 
 
 # u = 0.2 + 0.5 x: boundary (-0.3, 0.7); above u - psi = (-0.1, -0.1, 0.4) so g = (0.1, 0.1, -0.4);
@@ -109,7 +104,7 @@ def fit(task: ConstrainedModule, steps: int = 1, **kwargs: Any) -> Any:
     return trainer
 
 
-@pytest.mark.parametrize("task_class", [Line, LineBySenses])
+@pytest.mark.parametrize("task_class", [Line, LineByCoupledRows])
 def test_the_optimizer_gets_the_equality_rows_and_the_signed_inequality_rows(task_class: type) -> None:
     task = task_class(optimizer=Recording, jacobian_method="auto")
     fit(task)
@@ -254,8 +249,7 @@ def test_per_rank_constraints_repeat_the_senses_over_the_ranks_union() -> None:
         def constraint_jacobian(self, batch: Any, constraints: Tensor, params: Any, rows: Any = None) -> Tensor:
             return torch.eye(2, dtype=F64)
 
-        def constraint_signs(self, m: int) -> Tensor:
-            return torch.tensor([0, -1], dtype=torch.int8)
+        imposed_layout = (PartLayout("x0", 0, 1, 1), PartLayout("x1", 1, 1, 1, ">="))  # the rows' senses
 
     task = PlainRows()
     optimizer = Recording(task.parameters())

@@ -30,6 +30,11 @@ A part of at most ``small_part_rows`` rows (32) takes the ``"autograd"`` path in
 cheaper than the ``torch.func`` transforms' fixed cost per call (measured on the spring task, m = 3:
 a 1.5x longer training step through ``"func"``).
 
+A part may carry per-point data :math:`D` (a tensor or a dict of tensors, one row per point: the normals
+of boundary points, a weight, a value): its residual is then :math:`r(X, D)`, row i depending on
+:math:`x_i` and :math:`D_i` only, and both paths take the data's rows with the points' (``vmap`` maps
+them along with the points; a chunk cuts them with its points).
+
 Both fill J in chunks of points whose size follows a memory budget (:func:`chunk_points`), directly
 into the output (no concatenation of pieces). Pure PyTorch: no Lightning.
 """
@@ -37,10 +42,10 @@ into the output (no concatenation of pieces). Pure PyTorch: no Lightning.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Union
 
 import torch
 from torch import Tensor, nn
@@ -77,7 +82,29 @@ FALLBACK_MAX_CHUNK = 32
 SMALL_PART_ROWS = 32
 """Parts of at most this many rows take the ``"autograd"`` path in one chunk under ``"auto"``."""
 
-Residual = Callable[[Tensor], Tensor]
+Residual = Callable[..., Tensor]
+
+PointData = Union[Tensor, Mapping[str, Tensor]]
+"""A part's per-point data: a tensor or a dict of tensors, each with one row per point."""
+
+
+def _rows_of(data: PointData | None, index: Any) -> PointData | None:
+    """The data's rows ``index`` (each tensor of a dict alike; ``None`` adds a leading axis of one row)."""
+    if data is None or isinstance(data, Tensor):
+        return None if data is None else data[index]
+    return {key: value[index] for key, value in data.items()}
+
+
+def _detached(data: PointData | None) -> PointData | None:
+    """The data outside any graph (as the points: the Jacobian is w.r.t. the parameters only)."""
+    if data is None or isinstance(data, Tensor):
+        return None if data is None else data.detach()
+    return {key: value.detach() for key, value in data.items()}
+
+
+def _evaluate(residual: Residual, x: Tensor, data: PointData | None) -> Tensor:
+    """``residual(x)``, or ``residual(x, data)`` for a part with data."""
+    return residual(x) if data is None else residual(x, data)
 
 
 def chunk_points(width: int, n: int, itemsize: int, memory_budget: int, path: str = "func") -> int:
@@ -108,8 +135,8 @@ class _Reparametrized(nn.Module):
         self.module = module
         object.__setattr__(self, "residual", residual)
 
-    def forward(self, points: Tensor) -> Tensor:
-        return self.residual(points)
+    def forward(self, *args: Any) -> Tensor:
+        return self.residual(*args)
 
 
 @contextmanager
@@ -143,25 +170,27 @@ def _param_keys(module: nn.Module, params: Sequence[Tensor]) -> list[str]:
 
 def _func_rows(
     module: nn.Module, params: Sequence[Tensor], residual: Residual, points: Tensor, width: int,
-    out: Tensor, chunk: int,
+    out: Tensor, chunk: int, data: PointData | None = None,
 ) -> None:
-    """The ``"func"`` path: ``out[i k + j] = d r(x_i)_j / d theta``, ``vmap`` over chunks of points of
-    ``jacrev`` of the one-point residual (parameters as their real views; complex ones re-viewed)."""
+    """The ``"func"`` path: ``out[i k + j] = d r(x_i)_j / d theta``, ``vmap`` over chunks of points (and
+    their data's rows) of ``jacrev`` of the one-point residual (parameters as their real views; complex
+    ones re-viewed)."""
     wrapper = _Reparametrized(module, residual)
     keys = _param_keys(module, params)
     is_complex = [p.is_complex() for p in params]
     theta = tuple(real_view(p).detach() for p in params)
     sizes = block_sizes(params)
 
-    def at_point(real_params: tuple[Tensor, ...], x: Tensor) -> Tensor:
+    def at_point(real_params: tuple[Tensor, ...], x: Tensor, *row: PointData) -> Tensor:
         values = {key: torch.view_as_complex(t) if cplx else t for key, t, cplx in zip(keys, real_params, is_complex)}
-        return functional_call(wrapper, values, (x[None],)).reshape(-1)
+        return functional_call(wrapper, values, (x[None], *(_rows_of(d, None) for d in row))).reshape(-1)
 
-    per_point = vmap(jacrev(at_point), in_dims=(None, 0))
+    per_point = vmap(jacrev(at_point), in_dims=(None, 0) if data is None else (None, 0, 0))
     with _parameters_kept(module):
         for start in range(0, points.shape[0], chunk):
             x = points[start:start + chunk]
-            grads = per_point(theta, x)  # per parameter: (C, k, *shape)
+            extra = () if data is None else (_rows_of(data, slice(start, start + chunk)),)
+            grads = per_point(theta, x, *extra)  # per parameter: (C, k, *shape)
             rows = out[start * width:(start + x.shape[0]) * width]
             column = 0
             for g, size in zip(grads, sizes):
@@ -172,14 +201,16 @@ def _func_rows(
 
 
 def _autograd_rows(
-    params: Sequence[Tensor], residual: Residual, points: Tensor, width: int, out: Tensor, chunk: int
+    params: Sequence[Tensor], residual: Residual, points: Tensor, width: int, out: Tensor, chunk: int,
+    data: PointData | None = None,
 ) -> None:
-    """The ``"autograd"`` path: each chunk of points evaluated as an ordinary batch (its own graph),
-    its rows by :func:`~lit_constrained.jacobians.batched.constraint_jacobian` (one batched backward)."""
+    """The ``"autograd"`` path: each chunk of points (and its data's rows) evaluated as an ordinary batch
+    (its own graph), its rows by :func:`~lit_constrained.jacobians.batched.constraint_jacobian` (one
+    batched backward)."""
     for start in range(0, points.shape[0], chunk):
         x = points[start:start + chunk]
         with torch.enable_grad():
-            values = residual(x).reshape(-1)
+            values = _evaluate(residual, x, _rows_of(data, slice(start, start + chunk))).reshape(-1)
         if values.numel() != x.shape[0] * width:
             raise ValueError(f"the residual returned {values.numel()} values for {x.shape[0]} points, expected "
                              f"{x.shape[0] * width}.")
@@ -230,24 +261,25 @@ class PointwiseJacobian:
 
     def part(
         self, module: nn.Module, params: Sequence[Tensor], residual: Residual, points: Tensor, width: int,
-        out: Tensor, jacobian_bytes: int | None = None,
+        out: Tensor, jacobian_bytes: int | None = None, data: PointData | None = None,
     ) -> None:
-        """Fill ``out`` (N k, n) with the Jacobian of ``residual`` at ``points`` (N, d); ``jacobian_bytes``:
-        of the whole J that ``out`` is part of, for the default budget (``out``'s own when None)."""
-        points = points.detach()
+        """Fill ``out`` (N k, n) with the Jacobian of ``residual`` at ``points`` (N, d) (and their ``data``,
+        one row per point: ``residual(points, data)``); ``jacobian_bytes``: of the whole J that ``out``
+        is part of, for the default budget (``out``'s own when None)."""
+        points, data = points.detach(), _detached(data)
         n, itemsize = out.shape[1], out.element_size()
         if jacobian_bytes is None:
             jacobian_bytes = out.numel() * itemsize
         path = self.paths.get(residual, self.path)
         rows = points.shape[0] * width
         if self.path == "auto" and rows <= self.small_part_rows:  # one small graph: no transform's overhead
-            _autograd_rows(params, residual, points, width, out, max(1, points.shape[0]))
+            _autograd_rows(params, residual, points, width, out, max(1, points.shape[0]), data)
             return
         if path in ("auto", "func"):
             try:
                 with torch.no_grad():  # torch.func differentiates by itself: no outer graph
                     chunk = self._chunk(width, n, itemsize, "func", jacobian_bytes)
-                    _func_rows(module, params, residual, points, width, out, chunk)
+                    _func_rows(module, params, residual, points, width, out, chunk, data)
                 self.paths[residual] = "func"
                 return
             except Exception as error:  # noqa: BLE001 -- which ops fail inside torch.func is open-ended
@@ -256,13 +288,13 @@ class PointwiseJacobian:
                 _announce_fallback(residual, error)
         self.paths[residual] = "autograd"
         chunk = self._chunk(width, n, itemsize, "autograd", jacobian_bytes)
-        _autograd_rows(params, residual, points, width, out, chunk)
+        _autograd_rows(params, residual, points, width, out, chunk, data)
 
     def __call__(
         self,
         module: nn.Module,
         params: Sequence[Tensor],
-        parts: Sequence[tuple[Residual, Tensor, int]],
+        parts: Sequence[tuple[Residual, Tensor, int] | tuple[Residual, Tensor, int, PointData | None]],
         rows: slice | None = None,
         dtype: torch.dtype | None = None,
     ) -> Tensor:
@@ -271,23 +303,26 @@ class PointwiseJacobian:
         Args:
             module: the module whose parameters the residuals use (by attribute, e.g. ``self.net``).
             params: the parameters, in the optimizer's flat order (each a parameter of ``module``).
-            parts: ``(residual, points, k)`` per part, in order: part p gives rows
-                :math:`o_p + i k + j` for its point i and component j.
+            parts: ``(residual, points, k)`` or ``(residual, points, k, data)`` per part, in order: part p
+                gives rows :math:`o_p + i k + j` for its point i and component j; with ``data`` (a tensor
+                or a dict of tensors, one row per point; None: none) the residual is called
+                ``residual(points, data)``, the data's rows taken with the points'.
             rows: only these rows (a contiguous slice: a rank's share under data parallelism); only
                 the points those rows touch are differentiated.
             dtype: of J (default: the parameters' real dtype).
         """
         params = list(params)
         _param_keys(module, params)  # before any path: a foreign parameter is the caller's error
-        m = sum(points.shape[0] * k for _, points, k in parts)
+        specs = [(spec[0], spec[1], spec[2], spec[3] if len(spec) > 3 else None) for spec in parts]
+        m = sum(points.shape[0] * k for _, points, k, _ in specs)
         start, stop = _row_range(rows, m)
         n = numel_real(params)
         if dtype is None:
             dtype = real_view(params[0]).dtype if params else torch.get_default_dtype()
-        device = params[0].device if params else (parts[0][1].device if parts else None)
+        device = params[0].device if params else (specs[0][1].device if specs else None)
         J = torch.empty(stop - start, n, dtype=dtype, device=device)
         offset = 0
-        for residual, points, k in parts:
+        for residual, points, k, data in specs:
             size = points.shape[0] * k
             lo, hi = max(start, offset), min(stop, offset + size)  # this part's share of the rows
             if lo < hi:
@@ -295,7 +330,8 @@ class PointwiseJacobian:
                 block = J[lo - start:hi - start]
                 exact = (lo - offset) % k == 0 and (hi - offset) % k == 0
                 target = block if exact else J.new_empty((last - first) * k, n)
-                self.part(module, params, residual, points[first:last], k, target, J.numel() * J.element_size())
+                self.part(module, params, residual, points[first:last], k, target, J.numel() * J.element_size(),
+                          _rows_of(data, slice(first, last)))
                 if not exact:
                     skip = lo - offset - first * k
                     block.copy_(target[skip:skip + hi - lo])
@@ -331,12 +367,15 @@ def pointwise_jacobian(
     path: PointwisePath = "auto",
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     chunk_size: int | None = None,
+    data: PointData | None = None,
 ) -> Tensor:
-    """J of ONE per-point residual at ``points`` (N, d): ``(N k, n)``, or its rows ``rows``.
+    """J of ONE per-point residual at ``points`` (N, d) (and their ``data``: ``residual(points, data)``):
+    ``(N k, n)``, or its rows ``rows``.
 
     A one-off :class:`PointwiseJacobian` (the path is found anew: keep an engine to remember it).
     ``k`` is read from the residual at the first point."""
     with torch.enable_grad():
-        k = residual(points[:1].detach()).reshape(-1).numel() if points.shape[0] else 1
+        first = _detached(_rows_of(data, slice(0, 1)))
+        k = _evaluate(residual, points[:1].detach(), first).reshape(-1).numel() if points.shape[0] else 1
     engine = PointwiseJacobian(path, memory_budget, chunk_size)
-    return engine(module, params, [(residual, points, k)], rows)
+    return engine(module, params, [(residual, points, k, data)], rows)

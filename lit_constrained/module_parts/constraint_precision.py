@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lit_constrained.batch import cast_floats
-from lit_constrained.imposed import Imposed
+from lit_constrained.imposed import Coupled, Imposed, Part
 from lit_constrained.optim.hyperparameters import STATE_KEY
 
 ConstraintDType = Literal["native", "float64"]
@@ -94,8 +94,9 @@ def call_promoted(module: nn.Module, fn: Callable[..., Any], *args: Any, dtype: 
 
 @dataclass(frozen=True)
 class PromotedResidual:
-    """``residual(points)`` evaluated in ``dtype`` (float64): the module's floating parameters and buffers
-    and the points cast to it, the values returned in it.
+    """``residual(points)`` (or ``residual(points, data)``) evaluated in ``dtype`` (float64): the module's
+    floating parameters and buffers, the points and the data's floating tensors cast to it, the values
+    returned in it.
 
     Equal for the same (module, residual, dtype), so the per-point Jacobian engine remembers its path
     (``torch.func`` or chunked autograd) across steps. Inside that engine's ``functional_call`` the
@@ -109,25 +110,29 @@ class PromotedResidual:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_wrapper", _Call(self.module, self.residual))
 
-    def __call__(self, points: Tensor) -> Tensor:
+    def __call__(self, points: Tensor, *data: Any) -> Tensor:
         tensors = promoted_tensors(self.module, self.dtype)
-        return functional_call(self._wrapper, tensors, (points.to(self.dtype),), strict=False)
+        args = (points.to(self.dtype), *(cast_floats(d, self.dtype) for d in data))
+        return functional_call(self._wrapper, tensors, args, strict=False)
 
     @property
     def __name__(self) -> str:  # (named in the per-point engine's messages)
         return getattr(self.residual, "__name__", type(self.residual).__name__)
 
 
-def promote_parts(module: nn.Module, parts: Mapping[str, Imposed] | None, dtype: ConstraintDType = "float64",
-                  ) -> dict[str, Imposed] | None:
+def promote_parts(module: nn.Module, parts: Mapping[str, Part] | None, dtype: ConstraintDType = "float64",
+                  ) -> dict[str, Part] | None:
     """The parts with each residual a :class:`PromotedResidual` (``dtype="float64"`` and a module that is
-    not float64 already); unchanged for ``"native"``. Use it in ``imposed()``::
+    not float64 already); unchanged for ``"native"`` and for a declaration with a
+    :class:`~lit_constrained.imposed.Coupled` part (differentiated as one graph of c in the network's
+    dtype). Use it in ``imposed()``::
 
         def imposed(self, batch):
             return promote_parts(self, {"pde": Imposed(self.pde_residual, batch["x_pde_imposed"])}, "float64")
     """
     check_constraint_dtype(dtype)
-    if parts is None or dtype == "native" or _module_dtype(module) == torch.float64:
+    if parts is None or dtype == "native" or _module_dtype(module) == torch.float64 \
+            or any(isinstance(part, Coupled) for part in parts.values()):
         return None if parts is None else dict(parts)
     return {name: dataclasses.replace(part, residual=PromotedResidual(module, part.residual))
             for name, part in parts.items()}

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..imposed import AUTO, Imposed
+from ..imposed import AUTO, Imposed, Part
 from .constraint_precision import promote_parts
 
 CHECKPOINT_KEY = "lit_constrained_row_choice"
@@ -138,7 +138,7 @@ def _median_time(fn: Callable[[], Any], repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure_cost(task: Any, batch: Any, parts: Mapping[str, Imposed], widths: Mapping[str, int]) -> CostModel:
+def measure_cost(task: Any, batch: Any, parts: Mapping[str, Part], widths: Mapping[str, int]) -> CostModel:
     """:class:`CostModel` of ``task`` on ``batch`` for the auto ``parts`` (their pools; c and J in the
     task's ``constraint_dtype``)."""
     params = [p for p in task.parameters() if p.requires_grad]
@@ -151,11 +151,11 @@ def measure_cost(task: Any, batch: Any, parts: Mapping[str, Imposed], widths: Ma
     promoted = promote_parts(task, parts, getattr(task, "constraint_dtype", "native")) or {}
     row_s = {}
     for name, part in promoted.items():
-        probe = part.points[:PROBE_POINTS]
-        spec = [(part.residual, probe, widths[name])]
-        dtype = part.residual(probe[:1]).dtype  # c's dtype: float64 when promoted
+        probe = part.at(slice(0, PROBE_POINTS))
+        spec = [(probe.residual, probe.points, widths[name], probe.data)]
+        dtype = probe.at(slice(0, 1)).values().dtype  # c's dtype: float64 when promoted
         t = _median_time(lambda: task.pointwise_jacobian(task, params, spec, rows=None, dtype=dtype), 2)
-        row_s[name] = t / probe.shape[0]
+        row_s[name] = t / probe.points.shape[0]
     n = sum(p.numel() for p in params)
     dtype = params[0].dtype if params else torch.float32
     probe_j = torch.randn(GRAM_PROBE_ROWS, n, dtype=dtype, device=params[0].device if params else None)
@@ -227,23 +227,26 @@ class RowChoice:
         self._step_times.append(seconds)
 
     @staticmethod
-    def counted(parts: Mapping[str, Imposed] | None) -> dict[str, Imposed]:
-        return {name: part for name, part in (parts or {}).items() if part.count is not None}
+    def counted(parts: Mapping[str, Part] | None) -> dict[str, Imposed]:
+        """The per-point parts with a ``count`` (a :class:`~lit_constrained.imposed.Coupled` part has none)."""
+        return {name: part for name, part in (parts or {}).items()
+                if isinstance(part, Imposed) and part.count is not None}
 
     def due(self, step: int) -> bool:
         return self.chosen_at is None or step - self.chosen_at >= self.every
 
-    def apply(self, task: Any, batch: Any, parts: Mapping[str, Imposed] | None) -> dict[str, Imposed] | None:
-        """``parts`` with each counted part's points cut to its chosen ones (chosen now if it has none
-        yet or its pool changed size)."""
+    def apply(self, task: Any, batch: Any, parts: Mapping[str, Part] | None) -> dict[str, Part] | None:
+        """``parts`` with each counted part's points (and their data) cut to its chosen ones (chosen now if
+        it has none yet or its pool changed size)."""
         if parts is None:
             return None
         counted = self.counted(parts)
         if any(name not in self.chosen or self.pools[name] != part.points.shape[0] for name, part in counted.items()):
             self.choose(task, batch, parts, self.chosen_at if self.chosen_at is not None else 0)
-        kept = {name: (dataclasses.replace(part, points=part.points[self.chosen[name]], count=None)
-                       if name in counted else part) for name, part in parts.items()}
-        return {name: part for name, part in kept.items() if part.points.shape[0]} or None  # a part with 0 points: none
+        kept = {name: (dataclasses.replace(part.at(self.chosen[name]), count=None) if name in counted else part)
+                for name, part in parts.items()}
+        return {name: part for name, part in kept.items()
+                if not isinstance(part, Imposed) or part.points.shape[0]} or None  # a part with 0 points: none
 
     def update(self, task: Any, batch: Any, step: int) -> bool:
         """Re-choose the counted parts' points of ``task.imposed(batch)`` if ``step`` is due; whether it did."""
@@ -254,11 +257,11 @@ class RowChoice:
                 return True
         return False
 
-    def choose(self, task: Any, batch: Any, parts: Mapping[str, Imposed], step: int) -> None:
+    def choose(self, task: Any, batch: Any, parts: Mapping[str, Part], step: int) -> None:
         """Choose every counted part's points at the current weights (:func:`spread_largest`)."""
         counted = self.counted(parts)
         with torch.enable_grad():
-            values = {name: _as_rows(part.residual(part.points)).detach() for name, part in counted.items()}
+            values = {name: _as_rows(part.values()).detach() for name, part in counted.items()}
         widths = {name: v.shape[1] for name, v in values.items()}
         counts = {name: min(int(part.count), part.points.shape[0])
                   for name, part in counted.items() if part.count != AUTO}

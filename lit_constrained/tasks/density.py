@@ -13,9 +13,10 @@ reaches 0 with a kink at :math:`\pm 1`):
 
 The bound is what makes :math:`p_\theta` a density: a smooth network's least-squares fit of the kink
 dips below 0 next to :math:`\pm 1` (where :math:`p^* = 0`), and nothing else keeps it out. The mass is
-ONE row that couples every quadrature node, so this task overrides :meth:`constraints` (the general
-autograd Jacobian) and declares the senses with :meth:`constraint_senses`: ``"="`` for the mass, ``">="``
-for the m values. Evaluation metrics: ``l2`` (:math:`\|p_\theta - p^*\|_{L^2}`, trapezoid on the test
+ONE row that couples every quadrature node: the task declares it as a
+:class:`~lit_constrained.imposed.Coupled` part (``"mass"``, an equality) beside the m values
+(``"nonnegative"``, ``Imposed(..., sense=">=")``), so c is differentiated as a whole by the general
+autograd Jacobian. Evaluation metrics: ``l2`` (:math:`\|p_\theta - p^*\|_{L^2}`, trapezoid on the test
 grid), ``mass`` (:math:`\int p_\theta`), ``negative_part`` (:math:`\max \max(-p_\theta, 0)` on the test
 grid, between the imposed points too).
 """
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_constrained.imposed import Coupled, Imposed, Part
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
 from lit_constrained.tasks.density_data import DensityData, density_exact, density_points
@@ -61,13 +63,10 @@ class Density(ConstrainedModule):
     def objective(self, batch: dict[str, Tensor]) -> Tensor:
         return (batch["w_quad"] * self(batch["x_quad"]).pow(2)).sum() - 2 * self(batch["x_samples"]).mean()
 
-    def constraints(self, batch: dict[str, Tensor]) -> Tensor:
-        """(mass - 1, p(x_1), ..., p(x_m)): the first row = 0, the others >= 0 (:meth:`constraint_senses`)."""
-        return torch.cat([(self.mass(batch) - 1).reshape(1), self(batch["x_nonnegative"])])
-
-    def constraint_senses(self, m: int) -> tuple[str, ...]:
-        """The mass row is an equality, the m - 1 values of p are bounded below by 0."""
-        return ("=",) + (">=",) * (m - 1)
+    def imposed(self, batch: dict[str, Tensor]) -> dict[str, Part]:
+        """(mass - 1, p(x_1), ..., p(x_m)): the mass row = 0, the values of p >= 0."""
+        return {"mass": Coupled(lambda: self.mass(batch) - 1),
+                "nonnegative": Imposed(self, batch["x_nonnegative"], sense=">=")}
 
     def evaluation_metrics(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
         with torch.no_grad():

@@ -187,3 +187,53 @@ def test_small_parts_take_one_ordinary_graph_without_trying_torch_func() -> None
     assert engine.paths == {}  # nothing learnt: a larger part still tries torch.func
     engine(field, params, [(field.second_order, points(8), 1)])
     assert engine.paths == {field.second_order: "func"}
+
+
+# ------------------------------------------------------------------------------ per-point data
+class Flux(Field):
+    """Residuals of a point and its data: n . grad u - w (data: normals n and values w), and a tensor's."""
+
+    def flux(self, x: Tensor, data: dict[str, Tensor]) -> Tensor:
+        """n . grad u - w (N,): u's directional derivative along each point's own n, by jvp."""
+        u, along = jvp(self, (x,), (data["n"],))
+        return along[:, 0] - data["w"]
+
+    def weighted(self, x: Tensor, w: Tensor) -> Tensor:
+        """w_0 u, w_1 u^2 (N, 2): a (N, 2) tensor as the data."""
+        u = self(x)
+        return torch.cat([w[:, :1] * u, w[:, 1:] * u**2], dim=1)
+
+
+def flux_data(n: int = 7) -> dict[str, Tensor]:
+    g = torch.Generator().manual_seed(2)
+    return {"n": torch.nn.functional.normalize(torch.randn(n, 2, generator=g, dtype=F64), dim=1),
+            "w": torch.randn(n, generator=g, dtype=F64)}
+
+
+@pytest.mark.parametrize("path", ["func", "autograd"])
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_data_travels_with_the_points_on_both_paths(path: str, chunk: int | None) -> None:
+    """A residual of (points, data), data a dict and a tensor, on each path and in chunks of 3 (3, 3, 1
+    points): J equals the dense Jacobian of residual(points, data) (each point with its own data row)."""
+    field = Flux()
+    params = list(field.parameters())
+    data, weights = flux_data(), torch.rand(7, 2, generator=torch.Generator().manual_seed(3), dtype=F64)
+    engine = PointwiseJacobian(path=path, chunk_size=chunk, small_part_rows=0)
+    J = engine(field, params, [(field.flux, points(), 1, data), (field.weighted, points(), 2, weights)])
+    reference = torch.cat([dense(lambda x: field.flux(x, data), points(), params),
+                           dense(lambda x: field.weighted(x, weights), points(), params)])
+    torch.testing.assert_close(J, reference)
+    assert engine.paths == {field.flux: path, field.weighted: path}
+
+
+@pytest.mark.parametrize("rows", [slice(2, 5), slice(4, 13), slice(0, 21)])
+def test_a_share_of_rows_takes_the_data_of_its_points(rows: slice) -> None:
+    """A rank's rows (slices that start and end inside a point's k = 2 rows) cut the data with the points."""
+    field = Flux()
+    params = list(field.parameters())
+    weights = torch.rand(7, 2, generator=torch.Generator().manual_seed(3), dtype=F64)
+    parts = [(field.flux, points(), 1, flux_data()), (field.weighted, points(), 2, weights)]
+    full = PointwiseJacobian(path="func")(field, params, parts)
+    torch.testing.assert_close(PointwiseJacobian(path="func")(field, params, parts, rows=rows), full[rows])
+    one = pointwise_jacobian(field, params, field.weighted, points(), data=weights)
+    torch.testing.assert_close(one, full[7:])

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from lit_constrained.imposed import Imposed
+from lit_constrained.imposed import Coupled, Imposed
 from lit_constrained.module_parts.constraint_precision import (
     PromotedResidual,
     check_constraint_dtype,
@@ -189,3 +189,32 @@ def test_the_module_itself_as_a_promoted_residual_keeps_its_parameters() -> None
     assert value.dtype == torch.float64
     assert all(a is b for a, b in zip(module.parameters(), before))
     torch.testing.assert_close(value, module.double()(x.double()), rtol=0, atol=0)
+
+
+def test_a_part_s_data_is_promoted_with_its_points():
+    """A residual of (points, data): its float data are cast to float64 with the points (c is the float64
+    network's at the widened data), its integer data kept; J by the engine, data mapped with the points."""
+    model = _field()
+    x = _points(40)
+    data = {"scale": torch.linspace(0.5, 1.5, 40), "index": torch.arange(40)}
+
+    def scaled(points: torch.Tensor, d: dict[str, torch.Tensor]) -> torch.Tensor:
+        assert d["scale"].dtype == points.dtype and d["index"].dtype == torch.int64
+        return d["scale"] * model.value(points) + d["index"].to(points.dtype)
+
+    (part,) = promote_parts(model, {"scaled": Imposed(scaled, x, data=data)}, "float64").values()
+    c = part.values()
+    twin = copy.deepcopy(model).double()
+    assert c.dtype == torch.float64
+    assert torch.equal(c.detach(), data["scale"].double() * twin.value(x.double()) + data["index"].double())
+    J = PointwiseJacobian(path="func")(model, list(model.parameters()), [(part.residual, x, 1, data)], dtype=c.dtype)
+    J64 = constraint_jacobian(data["scale"].double() * twin.value(x.double()), list(twin.parameters()), method="loop")
+    assert (J - J64).abs().max() <= 2 ** -24 * J64.abs().max() * 1.01
+
+
+def test_a_declaration_with_a_coupled_part_is_not_promoted():
+    """A Coupled part's rows are one graph of c in the network's dtype: the declaration stays as it is."""
+    model = _field()
+    x = _points(5)
+    parts = promote_parts(model, {"mean": Coupled(lambda: model.value(x).mean()), "value": Imposed(model.value, x)})
+    assert parts["value"].residual == model.value and parts["value"].values().dtype == torch.float32

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from lit_constrained import Imposed
+from lit_constrained import Coupled, Imposed
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.module_parts.declarations import (
     checked_jacobian_method, declares_imposed, has_constraints, uses_pointwise_jacobian,
@@ -50,3 +50,18 @@ def test_an_unknown_jacobian_method_is_refused() -> None:
     assert checked_jacobian_method("loop") == "loop"
     with pytest.raises(ValueError, match="'auto', 'pointwise', 'batched' or 'loop'"):
         checked_jacobian_method("fast")
+
+
+class PartsAndCoupledRows(Parts):
+    def imposed(self, batch: Any) -> dict[str, Any]:
+        return {**super().imposed(batch), "sum": Coupled(lambda: (self.w * torch.arange(3.0)).sum() - 1, sense="<=")}
+
+
+def test_a_coupled_part_takes_the_general_jacobian_and_refuses_the_pointwise_one() -> None:
+    """With a Coupled part c is differentiated as a whole (rows w x_i = w, then sum_i i w - 1 = 3 w - 1)."""
+    task = PartsAndCoupledRows()
+    c = task.constraints(None)
+    assert c.tolist() == [1.0, 1.0, 1.0, 2.0] and [p.sense for p in task.imposed_layout] == ["=", "<="]
+    assert task.constraint_jacobian(None, c, [task.w]).tolist() == [[1.0], [1.0], [1.0], [3.0]]
+    with pytest.raises(ValueError, match="declares a Coupled part; use jacobian_method='auto'"):
+        PartsAndCoupledRows(jacobian_method="pointwise").constraint_jacobian(None, c, [task.w])

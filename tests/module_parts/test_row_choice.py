@@ -212,3 +212,32 @@ def test_under_ddp_every_rank_imposes_rank_zeros_choice(tmp_path: Path) -> None:
 
 def test_a_part_given_no_points_is_left_out() -> None:
     assert spread_largest(torch.zeros(5, 2), torch.ones(5), 0).tolist() == []
+
+
+class BumpsWithData(Bumps):
+    """The same part with its target handed as per-point data (each pool point's own g): the choice
+    must cut the data with the points, so the chosen rows still read u(x_i) - g_i."""
+
+    def residual_of_data(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return self.net(x)[:, 0] - g
+
+    def imposed(self, batch: Any) -> dict[str, Imposed]:
+        return {"fit": Imposed(self.residual_of_data, self.pool, count=self.count, data=self.target(self.pool))}
+
+
+def test_the_chosen_points_keep_their_own_data() -> None:
+    """The same choice, the same c and the same J as the part whose residual computes g itself, and the
+    same trajectory over 10 steps (float64 weights: constraint_dtype changes nothing)."""
+    torch.manual_seed(0)
+    plain, with_data = Bumps(count=2, lr_decay="none").double(), BumpsWithData(count=2, lr_decay="none").double()
+    with_data.load_state_dict(plain.state_dict())
+    c_plain, c_data = plain.constraints(None), with_data.constraints(None)
+    assert with_data.row_choice.chosen["fit"].tolist() == plain.row_choice.chosen["fit"].tolist() == [20, 70]
+    torch.testing.assert_close(c_data, c_plain, rtol=0, atol=0)
+    params = list(plain.parameters())
+    torch.testing.assert_close(with_data.constraint_jacobian(None, c_data, list(with_data.parameters())),
+                               plain.constraint_jacobian(None, c_plain, params))
+    for model in (plain, with_data):
+        quiet_trainer(max_steps=10, limit_val_batches=0).fit(model, train_dataloaders=_loader())
+    for (name, a), b in zip(plain.state_dict().items(), with_data.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)

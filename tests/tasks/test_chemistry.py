@@ -24,6 +24,7 @@ from lit_constrained.tasks.chemistry import (
     state_and_rate,
 )
 from lit_constrained.tasks.chemistry_data import MASS_WEIGHTS, U0_NOMINAL, reaction_matrix, sample_initial_conditions
+from lit_constrained.stepping import row_signs
 
 SMALL = dict(n_ic=6, n_val_ic=2, n_test_ic=2, n_times=16, n_constraints=10, seed=1, cache_dir=None)
 
@@ -266,8 +267,8 @@ def test_nonnegative_imposes_every_concentration_from_below_at_the_constraint_ro
     assert [(p.name, p.size, p.sense) for p in task.imposed_layout] == [("mass", 6, "="), ("nonnegative", 24, ">=")]
     with torch.no_grad():
         torch.testing.assert_close(c[6:], task(batch["x_con"]).reshape(-1))  # row-major over (point, species)
-    assert task.constraint_signs(30).tolist() == [0] * 6 + [-1] * 24
-    assert Chemistry(hidden=16, depth=2).constraint_signs(6) is None  # the default: the mass balance alone
+    assert row_signs(task, 30).tolist() == [0] * 6 + [-1] * 24
+    assert row_signs(Chemistry(hidden=16, depth=2), 6) is None  # the default: the mass balance alone
 
 
 def test_a_short_nonnegative_fit_keeps_every_concentration_nonnegative() -> None:

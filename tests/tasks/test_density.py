@@ -1,5 +1,5 @@
 """The density task (lit_constrained/tasks/density.py, density_data.py): exact draws from p* (against its
-closed-form CDF), the rows and their senses from constraint_senses(), and short fits: SQP-Adam holds the
+closed-form CDF), the rows and their senses from the imposed parts (a coupled mass row, per-point bounds), and short fits: SQP-Adam holds the
 mass and p >= 0 at the imposed points, Adam alone lets the fit go negative."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 
 from lit_constrained.tasks.density import Density, DensityData
 from lit_constrained.tasks.density_data import density_exact, density_points, density_samples
+from lit_constrained.stepping import row_signs
 from tests.helpers.lightning import quiet_trainer
 
 
@@ -44,7 +45,8 @@ def test_the_rows_are_the_mass_equality_and_the_bounds_below() -> None:
         mass = float((batch["w_quad"] * task(batch["x_quad"])).sum())
         assert float(c[0]) == pytest.approx(mass - 1, abs=1e-14)
         torch.testing.assert_close(c[1:], task(batch["x_nonnegative"]))
-    assert task.constraint_signs(12).tolist() == [0] + [-1] * 11
+    assert [(p.name, p.size, p.sense) for p in task.imposed_layout] == [("mass", 1, "="), ("nonnegative", 11, ">=")]
+    assert row_signs(task, 12).tolist() == [0] + [-1] * 11
 
 
 def _fit(optimizer: dict[str, Any], steps: int = 25) -> tuple[Density, dict[str, torch.Tensor]]:

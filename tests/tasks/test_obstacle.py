@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from lit_constrained.stepping import row_signs
 from lit_constrained.tasks.obstacle import Obstacle, ObstacleData, contact_interval
 from lit_constrained.tasks.obstacle_data import (
     contact_half_width, exact_energy, obstacle, obstacle_exact, obstacle_points,
@@ -167,7 +168,7 @@ def test_the_imposed_parts_are_the_boundary_equalities_and_the_obstacle_from_bel
         torch.testing.assert_close(c[:2], task(batch["x_bc"]))
         gap = task(batch["x_obstacle"]) - obstacle(batch["x_obstacle"][:, 0])
     torch.testing.assert_close(c[2:], gap)
-    assert task.constraint_signs(65).tolist() == [0, 0] + [-1] * 63
+    assert row_signs(task, 65).tolist() == [0, 0] + [-1] * 63
 
 
 def test_a_short_float64_fit_holds_the_obstacle_rows_at_every_step() -> None:
