@@ -277,8 +277,8 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
             from .callbacks.lipschitz import LipschitzEstimator  # it sets a constant step itself: no decay
 
             trainer = trainer_checks.attached_trainer(self)
-            steps = float("inf") if trainer is None else trainer.estimated_stepping_batches
             fixed = trainer is not None and any(isinstance(c, LipschitzEstimator) for c in trainer.callbacks)
+            steps = (lambda: float("inf")) if trainer is None else (lambda: trainer.estimated_stepping_batches)
             scheduler = default_decay(optimizer, "none" if fixed else self.lr_decay, steps)
         return schedulers.optimizer_config(optimizer, scheduler)
 

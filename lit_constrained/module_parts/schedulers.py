@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 from lightning.pytorch.trainer.states import TrainerFn
@@ -47,23 +48,50 @@ def decay_factor(decay: LrDecay, step: int, total: int) -> float:
     return 1.0
 
 
-def default_decay(optimizer: Optimizer, decay: LrDecay, steps: float | int) -> LRScheduler | None:
+class RunLength:
+    """The run's number of optimizer steps, read once, when the decay first needs it.
+
+    ``read`` is the Trainer's ``estimated_stepping_batches``; it loads the train dataloader when the
+    Trainer has not yet, so it is never read in ``configure_optimizers``: there it would set the data up
+    before a resumed run's loop state is restored, and a mid-epoch resume under DDP would no longer
+    continue bit-identically. The first optimizer step has the data set up; step 0 needs no length."""
+
+    def __init__(self, read: Callable[[], float]) -> None:
+        self._read = read
+        self._steps: float | None = None
+
+    def __call__(self) -> float:
+        if self._steps is None:
+            self._steps = float(self._read())
+        return self._steps
+
+
+def _decayed(decay: LrDecay, length: RunLength, step: int) -> float:
+    """:func:`decay_factor` at ``step`` of the run's length (1 at step 0 and when the length is not
+    known: infinite or < 1)."""
+    if step == 0:
+        return 1.0
+    steps = length()
+    if not math.isfinite(steps) or steps < 1:
+        return 1.0
+    return decay_factor(decay, step, int(steps))
+
+
+def default_decay(optimizer: Optimizer, decay: LrDecay, steps: Callable[[], float]) -> LRScheduler | None:
     """The schedule a module gives one of the package's projected SQP optimizers (SQP-Adam,
-    SQP-heavy-ball) when it names no scheduler: the lr times :func:`decay_factor` over ``steps``
-    optimizer steps (the Trainer's ``estimated_stepping_batches``), a ``LambdaLR``.
+    SQP-heavy-ball) when it names no scheduler: the lr times :func:`decay_factor` over the run's
+    ``steps()`` optimizer steps (the Trainer's ``estimated_stepping_batches``, read at the first step:
+    :class:`RunLength`), a ``LambdaLR``.
 
     A ``LambdaLR`` multiplies the optimizer's base lr, so an lr written into the scheduler (the
     Lipschitz callback's, :func:`~lit_constrained.optim.lr_setting.set_lr`) is decayed the same way, and
     a resumed run with a longer Trainer decays over its new length from the step it resumes at (the
-    factor is a function of the step, not a state). None (a constant lr) for ``"none"``, for any other
-    optimizer (torch.optim's keep their own lr, so a baseline stays plain), or when the run's length is
-    not known (``steps`` infinite or < 1)."""
+    factor is a function of the step, not a state; the scheduler's state_dict holds no length). None (a
+    constant lr) for ``"none"`` or for any other optimizer (torch.optim's keep their own lr, so a
+    baseline stays plain); a constant lr too when the run's length is not known."""
     if decay == "none" or not isinstance(optimizer, (SQPAdam, SQPHeavyBall)):
         return None
-    if not math.isfinite(steps) or steps < 1:
-        return None
-    total = int(steps)
-    return LambdaLR(optimizer, functools.partial(decay_factor, decay, total=total))
+    return LambdaLR(optimizer, functools.partial(_decayed, decay, RunLength(steps)))
 
 
 def optimizer_config(optimizer: Optimizer, scheduler: Any | None) -> Any:
