@@ -166,8 +166,8 @@ def test_the_table_reads_as_the_rules_it_states() -> None:
     jacobians = _rule_of("jacobians/batched.py")  # below optim/: J's columns and the Jacobians, the hints' text only
     assert not jacobians.lightning and set(jacobians.allowed) == {"hints.py"}
     assert _rule_of("hints.py").allowed == () and not _rule_of("hints.py").lightning  # the bottom: imports none
-    # the command line's console and early checks answer before Lightning is imported; its fit/ runs it
-    assert not _rule_of("cli/console.py").lightning and not _rule_of("cli/preflight.py").lightning
+    # the command line's console answers before Lightning is imported; its fit/ runs it
+    assert not _rule_of("cli/console.py").lightning
     assert _rule_of("cli/fit/command.py").lightning
     assert not _rule_of("metrics/functional.py").lightning
     for path in ("callbacks/summary.py", "metrics/functional.py"):

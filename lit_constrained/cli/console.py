@@ -8,9 +8,9 @@
   :func:`lit_constrained.compare.add_arguments`, parsed here.
 
 Building the parser imports neither torch nor Lightning, so ``lit-constrained``, ``lit-constrained
---help`` and ``lit-constrained compare --help`` answer at once: :mod:`lit_constrained.cli.help` answers
-``fit --help`` and :mod:`lit_constrained.cli.preflight` the errors a config shows without them, and :mod:`lit_constrained.cli.fit` (torch, Lightning: seconds)
-is imported inside :func:`main`, only when a Lightning subcommand runs. That import is the command's
+--help`` and ``lit-constrained compare --help`` answer at once, and so does a subcommand given nothing to
+run (:data:`NO_CONFIG`); :mod:`lit_constrained.cli.fit` (torch, Lightning: seconds) is imported inside
+:func:`main`, only when a Lightning subcommand runs (``fit --help``: :mod:`lit_constrained.cli.help`). That import is the command's
 start-up speed, not a way around a circle: the layers are one-way, console -> compare -> fit, and
 neither imports this module. Nothing imports this module but the console script and its ``python -m``
 twin (``python -m lit_constrained.cli``: :mod:`lit_constrained.cli.__main__`).
@@ -28,7 +28,6 @@ from typing import Any
 
 from lit_constrained import compare  # neither imports torch nor Lightning
 from lit_constrained.cli import help as fit_help
-from lit_constrained.cli import preflight
 
 PROG = "lit-constrained"
 DESCRIPTION = "lit-constrained: train networks with hard constraints, inequalities and bounds included (PyTorch Lightning)."
@@ -103,6 +102,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def something_to_run(args: Sequence[str], top_level_configs: Sequence[str]) -> bool:
+    """Whether a subcommand's ``args`` give anything at all (else LightningCLI's answer would be "required:
+    fit.data, fit.model", after seconds; options without a config get that answer phrased so, from the fit
+    layer, which first tells an option's own mistake)."""
+    return bool(top_level_configs) or any(arg.startswith("-") for arg in args)
+
+
 def lightning_options(args: argparse.Namespace) -> list[str]:
     """LightningCLI's options before the subcommand, as they were given (``--config``, ``--print_config``)."""
     options = [option for path in args.config for option in ("--config", path)]
@@ -133,7 +139,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(fit_help.short_fit_help(), end="")  # one page; --help-all has every option
         return
     rest = ["--help" if arg == fit_help.HELP_ALL else arg for arg in rest]
-    preflight.run_preflight(args.subcommand, rest, args.config)  # a missing config, an unknown key: in milliseconds
+    if not something_to_run(rest, args.config):
+        sys.stderr.write(f"lit-constrained {args.subcommand}: error: {fit_help.NO_CONFIG.format(subcommand=args.subcommand)}\n")
+        raise SystemExit(2)
     from lit_constrained.cli import fit  # start-up speed: torch and Lightning (seconds), only to run
 
     if args.subcommand == "fit":

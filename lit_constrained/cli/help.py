@@ -1,33 +1,45 @@
 """``lit-constrained fit --help``: one page, built from a parser of the options a run uses and from the
-signatures (the Trainer's, cached: :mod:`~lit_constrained.cli.trainer_arguments`; ConstrainedModule's
-and the optimizers', read from the package's source: :mod:`~lit_constrained.cli.preflight`). Nothing of
-torch or Lightning is imported; ``--help-all`` is LightningCLI's complete help (seconds).
+signatures of the Trainer, ConstrainedModule and the package's optimizers (imported: seconds);
+``--help-all`` is LightningCLI's complete help.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import textwrap
 
-from lit_constrained.cli import preflight
-from lit_constrained.cli.trainer_arguments import cached_trainer_arguments
+HELP_ALL = "--help-all"
 
-HELP_ALL = preflight.HELP_ALL
+#: what ``lit-constrained <subcommand>`` without a config answers (a run needs a task and its data)
+NO_CONFIG = ("no --config given: a run needs a config naming its task and its data (model: class_path: ..., "
+             "data: class_path: ...), e.g. lit-constrained {subcommand} --config "
+             "configs/spring/recommended/sqp_adam.yaml (the repository's configs/), or --model and --data; "
+             "lit-constrained {subcommand} --help lists the options")
 
 #: the Trainer arguments the page shows as examples (each checked against the signature by the tests)
 TRAINER_EXAMPLES = ("max_epochs 100", "devices 2", "precision bf16-mixed", "logger false")
 
 
-def _listed(names: tuple[str, ...] | list[str], shown: int) -> str:
+def _listed(names: list[str], shown: int) -> str:
     return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
+def optimizer_names(module: object) -> list[str]:
+    """The optimizer classes a module of the package exports (its ``__all__``: those taking an ``lr``)."""
+    return sorted(name for name in getattr(module, "__all__", ()) if isinstance(getattr(module, name), type)
+                  and "lr" in inspect.signature(getattr(module, name)).parameters)
 
 
 def fit_parser() -> argparse.ArgumentParser:
     """The options of ``lit-constrained fit`` a run uses, as an argparse parser (for its help only: the
     options themselves are LightningCLI's)."""
-    trainer = cached_trainer_arguments()
-    counted = f" (one of its {len(trainer['__init__'])})" if trainer is not None else ""
-    module_arguments = [a for a in preflight.constrained_module_arguments() if a not in ("optimizer", "lr_scheduler")]
+    from lightning.pytorch import Trainer  # start-up speed: the page names what the installed ones take
+
+    from lit_constrained.hints import init_arguments
+    from lit_constrained.module import ConstrainedModule
+
+    module_arguments = [a for a in init_arguments(ConstrainedModule) if a not in ("optimizer", "lr_scheduler")]
     parser = argparse.ArgumentParser(
         prog="lit-constrained fit", usage="%(prog)s --config CONFIG [--KEY VALUE ...]", add_help=False,
         description=textwrap.fill("Train a task. A config (YAML) names the task (model: class_path: ...), its "
@@ -38,8 +50,8 @@ def fit_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("-c", "--config", metavar="CONFIG", help="a config, e.g. configs/spring/recommended/sqp_adam.yaml "
         "(given twice: the later overrides the earlier)")
-    add("--trainer.NAME", metavar="VALUE", help=f"an argument of Lightning's Trainer{counted}: "
-        + ", ".join(f"--trainer.{example}" for example in TRAINER_EXAMPLES))
+    add("--trainer.NAME", metavar="VALUE", help=f"an argument of Lightning's Trainer (one of its "
+        f"{len(init_arguments(Trainer))}): " + ", ".join(f"--trainer.{example}" for example in TRAINER_EXAMPLES))
     add("--model.init_args.NAME", metavar="VALUE", help="an argument of the task: its own, and "
         f"ConstrainedModule's ({_listed(module_arguments, 4)})")
     add("--model.init_args.optimizer.init_args.NAME", metavar="VALUE",
@@ -53,18 +65,19 @@ def fit_parser() -> argparse.ArgumentParser:
 
 
 def more_help() -> str:
-    """The commands that list the rest (they import Lightning: seconds)."""
-    optimizers = preflight.optimizer_names("lit_constrained.optim")
-    experimental = preflight.optimizer_names("lit_constrained.optim.experimental")
+    """The commands that list the rest."""
+    from lit_constrained import optim
+    from lit_constrained.optim import experimental
+
     return (
-        "more help (these import Lightning: seconds):\n"
+        "more help:\n"
         f"  lit-constrained fit {HELP_ALL}\n      every option (all of the Trainer's arguments)\n"
         "  lit-constrained fit --model.help lit_constrained.tasks.spring.Spring\n"
         "      the arguments of a task (its own and ConstrainedModule's)\n"
         "  lit-constrained fit --config CONFIG --model.optimizer.help SQPAdam\n"
-        + textwrap.fill(f"the arguments of an optimizer: {', '.join(optimizers)} (lit_constrained.optim), "
-                        f"{', '.join(experimental)} (lit_constrained.optim.experimental) or torch.optim.Adam, ...",
-                        100, initial_indent=" " * 6, subsequent_indent=" " * 6) + "\n"
+        + textwrap.fill(f"the arguments of an optimizer: {', '.join(optimizer_names(optim))} (lit_constrained.optim), "
+                        f"{', '.join(optimizer_names(experimental))} (lit_constrained.optim.experimental) or "
+                        "torch.optim.Adam, ...", 100, initial_indent=" " * 6, subsequent_indent=" " * 6) + "\n"
     )
 
 

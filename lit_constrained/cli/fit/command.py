@@ -22,8 +22,11 @@ imports the console (console -> compare -> fit is one-way).
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
+import types
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -44,9 +47,12 @@ from lit_constrained.callbacks.signals import TrainingInterrupted
 from lit_constrained.callbacks.watchdog import LauncherWatchdog
 from lit_constrained.checkpoint_integrity import read_checkpoint
 from lit_constrained.class_spec import TRUSTED_MODULES, check_checkpoint_names, class_paths_in
-from lit_constrained.cli.fit.parser import ConstrainedArgumentParser, RunConfigSaver, with_the_default_optimizer
+from lit_constrained.cli.fit.parser import (
+    ConstrainedArgumentParser, RunConfigSaver, check_no_dropped_init_args, with_the_default_optimizer,
+)
 from lit_constrained.hints import SetupError
 from lit_constrained.module_parts.checkpoint_trust import refuse_another_task
+from lit_constrained.module_parts.trainer_checks import check_trainer
 from lit_constrained.module import DEFAULT_OPTIMIZER, ConstrainedModule
 
 
@@ -91,21 +97,34 @@ class ConstrainedCLI(LightningCLI):
         * Without LightningCLI's warning about ``args`` given next to a command line: the package's
           entry points (the console script, the comparison's workers) pass the command line they
           dispatch as ``args``.
+        * A bare optimizer class on the command line that would drop init args the config set is an
+          error (:func:`~lit_constrained.cli.fit.parser.check_no_dropped_init_args`), before
+          ``--print_config`` is answered.
         * An argument of the optimizer where no optimizer is named (``--model.init_args.optimizer.init_args.lr
           1e-2`` over a config that leaves the default) goes to the default optimizer
           (:func:`~lit_constrained.cli.fit.parser.with_the_default_optimizer`).
+        * The Trainer's settings that cannot work (:func:`check_trainer_settings`), before LightningCLI
+          seeds the run or Lightning says a word about them.
         * ``--ckpt_path``: LightningCLI reads the checkpoint's hyper-parameters into the config right
           after this hook returns (importing every class path they name); only class paths of trusted
           modules may be named there, checked here, before (:func:`check_trusted_checkpoint`).
         """
         if isinstance(args, (list, tuple)) or args is None:
             given = list(sys.argv[1:] if args is None else args)
+            dropped = check_no_dropped_init_args(given)
+            if dropped:
+                parser.argv = given  # (for the error's words: the subcommand)
+                parser.error(dropped)
             named = with_the_default_optimizer(given, DEFAULT_OPTIMIZER["class_path"])
             args = named if named != given else args
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_ARGS_WITH_COMMAND_LINE_WARNING)
             super().parse_arguments(parser, args)
         check_trusted_checkpoint(self.config)
+        section = self.config.get(str(self.config.get("subcommand")), self.config)
+        model = section.get("model")
+        check_trainer_settings(dict(section.get("trainer") or {}), str(getattr(model, "class_path", "task")).rsplit(".")[-1],
+                               RunConfigSaver(parser, section))
     # --- end parsing, trusted checkpoints ---
 
     # --- the Trainer: default logger, progress, crash-safe checkpoints, watchdog ---
@@ -173,6 +192,46 @@ def _as_list(callbacks: Any) -> list[Any]:
     return list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
 
 
+#: Lightning's precision names for the short ones (``16`` -> ``16-mixed``)
+_PRECISION_NAMES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
+
+
+def check_trainer_settings(config: dict[str, Any], task_name: str, asked: pl.Callback) -> None:
+    """The Trainer settings of ``config`` that cannot work with a constrained step (fp16 AMP, bf16-true,
+    a sharded strategy, gradient clipping, accumulation) refused with the module's own message
+    (:func:`~lit_constrained.module_parts.trainer_checks.check_trainer`, given the settings as Lightning
+    would run them and, in ``asked``, the run's config), before the Trainer is built: Lightning's fallback
+    warning and AMP banner for ``16-mixed`` on a CPU would come first."""
+    precision = str(config.get("precision") or "32-true")
+    precision = _PRECISION_NAMES.get(precision, precision)
+    on_cpu = config.get("accelerator") == "cpu" or (config.get("accelerator") in (None, "auto")
+                                                    and not torch.cuda.is_available())
+    ran_as = "bf16-mixed" if precision == "16-mixed" and on_cpu else precision  # Lightning's CPU fallback
+    check_trainer(types.SimpleNamespace(
+        precision=ran_as, callbacks=[asked], strategy=config.get("strategy"),
+        gradient_clip_val=config.get("gradient_clip_val"),
+        accumulate_grad_batches=config.get("accumulate_grad_batches") or 1), task_name)
+
+
+class QuietStart(logging.Filter):
+    """Drops Lightning's start-up lines that tell nothing: an accelerator that is not there ("TPU
+    available: False, using: 0 TPU cores") and its advertising tips; a GPU that is there is still said."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (re.match(r"[GTH]PU available: False", message) or message.startswith("\N{ELECTRIC LIGHT BULB} Tip:"))
+
+
+#: warnings the command line does not show: a seed chosen (its info line "Seed set to 0" says it), Lightning's
+#: about the validation_step every ConstrainedModule
+#: defines (a task without validation data did not write one), and Lightning's own use of a torch API
+#: that torch deprecates (nothing a user can change)
+QUIET_WARNINGS = ("No seed found, seed set to 0", "You defined a `validation_step` but have no `val_dataloader`", r"`isinstance\(treespec, LeafSpec\)`")
+
+#: Lightning's logger of its start-up lines (``rank_zero_info``)
+RANK_ZERO_LOGGER = "lightning.pytorch.utilities.rank_zero"
+
+
 def check_trusted_checkpoint(config: Namespace) -> None:
     """Raise :class:`~lit_constrained.class_spec.UntrustedClassPathError` if the subcommand's
     ``ckpt_path`` names, in its hyper-parameters, a class path outside the trusted modules and the
@@ -213,10 +272,16 @@ def main(args: Sequence[str] | None = None) -> None:
     cannot be written any more (a full disk, a read-only file system) ends with the one line that names
     the directory and exit status 1 (:func:`~lit_constrained.callbacks.integrity.exit_after_write_failure`)."""
     put_working_directory_on_path()
+    quiet = logging.getLogger(RANK_ZERO_LOGGER)
+    if not any(isinstance(f, QuietStart) for f in quiet.filters):
+        quiet.addFilter(QuietStart())
     given = list(sys.argv[1:] if args is None else args)
     grouped_before = process_group_exists()
     try:
-        ConstrainedCLI(args=None if args is None else given)
+        with warnings.catch_warnings():
+            for message in QUIET_WARNINGS:
+                warnings.filterwarnings("ignore", message=message)
+            ConstrainedCLI(args=None if args is None else given)
         end_process_group(grouped_before)
     except TrainingInterrupted:  # every rank stopped after the same step: an agreed end, as above
         end_process_group(grouped_before)

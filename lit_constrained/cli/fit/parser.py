@@ -1,35 +1,37 @@
-r"""The argument parser of ``lit-constrained``: plain-words help, no abbreviations, no silent loss of
-optimizer arguments, and the run's resolved config saved without touching the user's files.
+r"""The argument parser of ``lit-constrained``: plain-words help, no abbreviations, errors in one line
+with the fix, ``null`` at any depth, no silent loss of optimizer arguments, and the run's resolved config
+saved without touching the user's files. Only public hooks of argparse, jsonargparse and LightningCLI.
 
 * Help text comes from the classes' docstrings, written for Sphinx; :func:`plain_words` turns
-  ``:class:`~pkg.Name``` into ``Name``, ````code```` into ``code`` and ``:math:`\alpha``` into ``alpha``.
+  ``:class:`~pkg.Name``` into ``Name``, ````code```` into ``code`` and ``:math:`\alpha``` into ``alpha``;
+  the help column is wide enough for the longest class path (:class:`PlainHelpFormatter`).
 * ``allow_abbrev=False``: ``--trainer.max_epoch 5`` is an error, not a silent prefix match.
-* Switching a class on the command line (``--model.optimizer torch.optim.Adam`` over a config that
-  gave ``SQPAdam`` with ``rho``, ``h``) keeps the init args the new class takes; jsonargparse would drop
-  the others silently, :func:`check_no_dropped_init_args` makes that an error naming them.
-* An optimizer argument given where no optimizer is named (``--model.init_args.optimizer.init_args.lr
-  1e-2`` over a config that leaves the default): jsonargparse would give it to the base class
-  ``torch.optim.Optimizer`` (which takes no ``lr``); :func:`with_the_default_optimizer` names the default
-  optimizer's class first, so the argument reaches the optimizer the run uses.
+* ``--model.init_args.optimizer.init_args.max_normal_step null``: jsonargparse hands a value two class
+  levels down on as the text ``f"--key={value}"``, so the null it read arrives as ``"None"``, which YAML
+  reads as a string; the parser's loader (:data:`PARSER_MODE`, jsonargparse's public ``set_loader``)
+  reads the whole value ``None`` as null, as the help shows a null default.
+* Before parsing (:func:`checked_command_line`): an optimizer class switched on the command line
+  (``--model.optimizer torch.optim.Adam`` over a config that gave ``SQPAdam`` with ``rho``) must not drop
+  init args the config set (jsonargparse drops those the new class does not take), and an optimizer
+  argument where nothing names the optimizer reaches the default one (:func:`with_the_default_optimizer`).
 """
 
 from __future__ import annotations
 
-import ast
 import inspect
-import logging
+import os
 import re
+import shutil
 import sys
-import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
-from jsonargparse import DefaultHelpFormatter
+from jsonargparse import DefaultHelpFormatter, get_loader, set_loader
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 
-from lit_constrained.cli import preflight
 from lit_constrained.class_spec import import_class
-from lit_constrained.cli.fit.hints import cli_error_hint
+from lit_constrained.cli.fit.hints import config_paths, phrase_error
 
 _ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`]+)`")
 _LITERAL = re.compile(r"``([^`]+)``")
@@ -41,57 +43,43 @@ _SYMBOLS = {r"\|": "||", r"\le": "<=", r"\ge": ">=", r"\cdot": "*", r"\_": "_", 
 
 def plain_words(text: str) -> str:
     """Sphinx/reST markup of a docstring as plain text (for terminal help)."""
-
-    def role(match: re.Match) -> str:
-        tilde, target = match.groups()
-        return target.rsplit(".", 1)[-1] if tilde else target
-
-    text = _ROLE.sub(role, text)
-    text = _LITERAL.sub(r"\1", text)
-    text = _TEXT.sub(r"\1", text)
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    text = _TEXT.sub(r"\1", _LITERAL.sub(r"\1", text))
     text = _GREEK.sub(r"\1", text)
     for symbol, plain in _SYMBOLS.items():
         text = text.replace(symbol, plain)
     return text
 
 
+#: the help column's least width: the longest word of ``--help-all`` (a class path in a type) fits it,
+#: so argparse's wrapping never cuts one ("lit_const rained.callbacks...")
+HELP_COLUMN = 100
+
+
 class PlainHelpFormatter(DefaultHelpFormatter):
-    """jsonargparse's help formatter, wrapping at spaces only (argparse's wrapping cuts a word longer
-    than the column: "lit_const rained.callbacks..."). The markup is turned into plain words by the
-    parser (:meth:`ConstrainedArgumentParser.format_help`)."""
+    """jsonargparse's help formatter, as wide as the terminal but at least :data:`HELP_COLUMN` columns of
+    help text (argparse's public ``width`` argument)."""
 
-    # argparse's only wrapping hook is the formatter's private _split_lines (its formatter classes are
-    # public by name only): if argparse renames it, help wraps mid-word again, and
-    # tests/test_cli_parsing.py::test_the_private_hooks_the_parser_relies_on_exist fails naming it
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        position = kwargs.get("max_help_position", 24)
+        kwargs.setdefault("width", max(shutil.get_terminal_size().columns - 2, position + HELP_COLUMN))
+        super().__init__(prog, **kwargs)
 
 
-class _DroppedInitArgs(logging.Handler):
-    """Collects jsonargparse's (debug-level) reports of init args discarded on a class_path change."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if "discarding init_args" in message:
-            self.messages.append(message)
+def _load(text: str) -> Any:
+    """jsonargparse's YAML loader, with the value ``None`` read as null (see the module docstring)."""
+    return None if text.strip() == "None" else _YAML(text)
 
 
-DROPPED_INIT_ARGS = _DroppedInitArgs()
-_PARSE_LOGGER = logging.getLogger("lit_constrained.cli.parsing")
-_PARSE_LOGGER.setLevel(logging.DEBUG)
-_PARSE_LOGGER.propagate = False
-_PARSE_LOGGER.addHandler(DROPPED_INIT_ARGS)
-
+_YAML = get_loader("yaml")
+PARSER_MODE = "lit_constrained_yaml"
+set_loader(PARSER_MODE, _load, exceptions=(__import__("yaml").YAMLError,))
 
 DESCRIPTION = "lit-constrained: train networks with hard constraints, inequalities and bounds included (PyTorch Lightning)."
 
 
 class ConstrainedArgumentParser(LightningArgumentParser):
-    """LightningArgumentParser with plain help, abbreviations off and dropped init args an error.
+    """LightningArgumentParser with plain help, abbreviations off, null at any depth and one-line errors.
 
     The nested parsers jsonargparse makes for class arguments (``--model.optimizer.help``) are of the
     same class, so they get the same behaviour.
@@ -102,166 +90,154 @@ class ConstrainedArgumentParser(LightningArgumentParser):
         kwargs.setdefault("description", DESCRIPTION)
         kwargs.setdefault("formatter_class", PlainHelpFormatter)
         kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("logger", _PARSE_LOGGER)
+        kwargs.setdefault("parser_mode", PARSER_MODE)
         super().__init__(*args, **kwargs)
-        self._argv: list[str] | None = None  # set for the parser the command line is given to
+        self.argv: list[str] = []  # the command line given to parse_args (for the error's words)
 
     def format_help(self) -> str:
         """The help with docstring markup as plain words (:func:`plain_words`)."""
         return plain_words(super().format_help())
 
     def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
-        self._argv = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        self.argv = [str(a) for a in (sys.argv[1:] if args is None else args)]
         return super().parse_args(args, *rest, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        """jsonargparse's error without its usage dump (tens of lines before the one that matters): the
-        message, the fix where one is known (:func:`lit_constrained.cli.fit.hints.cli_error_hint`: an argument a
-        task or an optimizer does not take) and where the options are listed; exit status 2."""
+        """jsonargparse's error without its usage dump: one line, its fix where one is known
+        (:func:`~lit_constrained.cli.fit.hints.phrase_error`) and where the options are listed; exit 2."""
         if not self.exit_on_error:
             super().error(message, ex)  # raises (jsonargparse's nested parsers catch it)
-        self.logger.error(message)
-        # jsonargparse's own error() names the subcommand's parser so (an attribute it sets on the error);
-        # without it the message names "lit-constrained" instead of "lit-constrained fit"
+        # jsonargparse's own error() names the subcommand's parser so (an attribute it sets on the error)
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
-        hint = cli_error_hint(message)
-        sys.stderr.write(f"{prog}: error: {message}\n" + (f"fix: {hint}\n" if hint else "")
-                         + f"(the options: {prog} --help)\n")
+        subcommand = prog.split()[-1] if " " in prog else next((a for a in self.argv if a in _LIGHTNING_SUBCOMMANDS), None)
+        prog = f"{prog.split()[0]} {subcommand}" if subcommand else prog
+        line = phrase_error(message, self.argv, subcommand or "fit")
+        sys.stderr.write(f"{prog}: error: {line} (the options: {prog} --help)\n")
         self.exit(2)
 
-    # jsonargparse's private _parse_common is the one point of every parse (parse_args, parse_object,
-    # subcommands) after the arguments are read (class switches done) and before --print_config is
-    # answered; no public hook lies between the two. If it is renamed, dropped init args pass silently:
-    # tests/test_cli_parsing.py::test_the_private_hooks_the_parser_relies_on_exist fails naming it.
-    def _parse_common(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
-        error = check_no_dropped_init_args(self._argv) if self._argv is not None else None
-        if error:
-            self.error(error)
-        return super()._parse_common(cfg, *args, **kwargs)
 
-
-def explicit_class_values(argv: list[str]) -> bool:
-    """Whether a class argument is given whole on the command line (``--x '{class_path: ..., init_args: ...}'``)."""
-    return any(arg.lstrip().startswith("{") and "init_args" in arg for arg in argv)
-
-
-_DISCARD = re.compile(r"class_path change from '([^']+)' to '([^']+)', discarding init_args: (\{.*\})\.?$", re.S)
-
-
-def _set_init_args(message: str) -> tuple[str, str, dict[str, Any]] | None:
-    """(old class, new class, dropped args that differ from the old class's defaults) of one report."""
-    match = _DISCARD.search(message)
-    if match is None:
-        return None
-    old, new, text = match.groups()
-    try:
-        dropped = ast.literal_eval(text)
-        defaults = inspect.signature(import_class(old)).parameters
-    except (ValueError, SyntaxError, ImportError, TypeError):
-        return old, new, {"(unparsed)": text}
-    changed = {
-        k: v for k, v in dropped.items()
-        if k not in defaults or not _same(v, defaults[k].default)
-    }
-    return (old, new, changed) if changed else None
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return list(a) == list(b)
-    return a == b
-
-
-def check_no_dropped_init_args(argv: list[str]) -> str | None:
-    """The error message if parsing dropped init args on a class switch that the user had set (an arg
-    dropped at its old class's default value loses nothing); None otherwise."""
-    messages, DROPPED_INIT_ARGS.messages = DROPPED_INIT_ARGS.messages, []
-    if not messages or explicit_class_values(argv):
-        return None
-    lost: dict[tuple[str, str], dict[str, Any]] = {}
-    for message in messages:
-        found = _set_init_args(message)
-        if found is not None:
-            lost.setdefault(found[:2], {}).update(found[2])
-    if not lost:
-        return None
-    lines = [f"{new.rsplit('.', 1)[-1]} does not take {dropped} (set for {old})" for (old, new), dropped in lost.items()]
-    return (
-        "Switching a class on the command line would silently drop init args you set:\n  "
-        + "\n  ".join(lines)
-        + "\nGive the new class with all its arguments instead, e.g. "
-        "--model.optimizer '{class_path: torch.optim.Adam, init_args: {lr: 0.001}}', or edit the config."
-    )
-
-
+_LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 #: an option of the model's optimizer: --model[.init_args].optimizer[.<rest>] (group 1: the rest)
 _OPTIMIZER_OPTION = re.compile(r"^model\.(?:init_args\.)?optimizer(?:\.(.+))?$")
 
-_LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+def _split(args: Sequence[str]) -> tuple[list[str], list[str], str | None]:
+    """(the options before the subcommand, the subcommand's own up to ``--``, the subcommand)."""
+    end = args.index("--") if "--" in args else len(args)
+    after_config = False
+    for index, arg in enumerate(args[:end]):
+        if arg in _LIGHTNING_SUBCOMMANDS and not after_config:
+            return list(args[:index]), list(args[index + 1:end]), arg
+        after_config = arg in ("-c", "--config")
+    return [], list(args[:end]), None
 
 
-def _names_optimizer(model: Any) -> bool:
-    """Whether a config's ``model`` section (a dict, a class path) gives an ``optimizer``."""
-    if not isinstance(model, dict):
-        return False
-    init_args = model.get("init_args")
-    return "optimizer" in model or (isinstance(init_args, dict) and "optimizer" in init_args)
+def _model_sections(args: Sequence[str]) -> list[dict]:
+    """The ``model`` sections of the configs ``args`` gives (a top-level config's subcommand section),
+    in order; [] where a config cannot be read (its error is the parser's to report)."""
+    import yaml
+
+    top, own, subcommand = _split(args)
+    try:
+        sections = [yaml.safe_load(Path(p).read_text()) for p in config_paths(top)]
+        sections = [s.get(subcommand) if isinstance(s, dict) and subcommand else s for s in sections]
+        sections += [yaml.safe_load(Path(p).read_text()) for p in config_paths(own)]
+    except (OSError, yaml.YAMLError):
+        return []
+    return [s["model"] for s in sections if isinstance(s, dict) and isinstance(s.get("model"), dict)]
+
+
+def _options(own: Sequence[str]) -> list[tuple[int, str, str]]:
+    """(index, name, value) of the ``--name value`` / ``--name=value`` options of ``own``."""
+    found = []
+    for index, arg in enumerate(own):
+        if arg.startswith("--"):
+            name, equals, value = arg[2:].partition("=")
+            found.append((index, name, value if equals else (own[index + 1] if index + 1 < len(own) else "")))
+    return found
+
+
+def _class(path: str) -> type | None:
+    """The class of a class path or an optimizer's short name, importing it (None: not found)."""
+    if "." not in path:
+        from lit_constrained.module_parts.optimizer_arguments import optimizer_classes
+
+        return next((c for c in optimizer_classes() if c.__name__ == path), None)
+    if os.path.isfile(f"{path.split('.')[0]}.py") and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a task next to the config, as the run imports it
+    try:
+        return import_class(path)
+    except Exception:  # noqa: BLE001  (the parser reports a class that cannot be imported)
+        return None
+
+
+def _optimizer_of(model: dict) -> Any:
+    return model.get("optimizer", (model.get("init_args") or {}).get("optimizer"))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, a YAML list and a tuple default alike."""
+    return list(a) == list(b) if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) else a == b
+
+
+def check_no_dropped_init_args(args: Sequence[str]) -> str | None:
+    """The error where a bare optimizer class on the command line (``--model.optimizer torch.optim.Adam``)
+    replaces the config's optimizer and would drop init args the config set for it (those the new class
+    does not take, at values other than the old class's defaults); None otherwise."""
+    _, own, _ = _split([str(a) for a in args])
+    switched = [(n, v) for _, n, v in _options(own) if (m := _OPTIMIZER_OPTION.match(n)) and m.group(1) in (None, "class_path")
+                and not v.lstrip().startswith("{")]
+    optimizers = [_optimizer_of(m) for m in _model_sections(args)]
+    old = next((o for o in optimizers[::-1] if isinstance(o, dict) and o.get("init_args")), None)
+    if not switched or old is None:
+        return None
+    new, old_class = _class(switched[-1][1]), _class(str(old.get("class_path")))
+    if new is None or old_class is None or new is old_class:
+        return None
+    taken = inspect.signature(new).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in taken.values()):
+        return None
+    defaults = inspect.signature(old_class).parameters
+    dropped = {k: v for k, v in old["init_args"].items()
+               if k not in taken and (k not in defaults or not _same(defaults[k].default, v))}
+    if not dropped:
+        return None
+    return (f"--{switched[-1][0]} {switched[-1][1]} would drop init args the config sets for {old_class.__name__}: "
+            f"{new.__name__} does not take {dropped}; give the new class with all its arguments instead, e.g. "
+            f"--model.optimizer '{{class_path: {new.__module__}.{new.__name__}, init_args: {{lr: 0.001}}}}', or edit the config")
 
 
 def with_the_default_optimizer(args: Sequence[str], default_class_path: str) -> list[str]:
-    """``args`` (a LightningCLI command line, ``[top-level options] [subcommand] <options>``) with
-    ``--model.init_args.optimizer=<default_class_path>`` inserted before the first option that sets an
-    argument of the model's optimizer (``--model.init_args.optimizer.init_args.lr 1e-2``, or its short
-    forms ``--model.optimizer.lr``, ...) when nothing names the optimizer's class: no config (read as
-    YAML) gives the model an ``optimizer``, no option gives ``--model[.init_args].optimizer`` or a whole
-    ``--model``/``--model.init_args`` mentioning it, and the task's own ``__init__`` (where its source can
-    be read, :mod:`lit_constrained.cli.preflight`) has no ``optimizer`` default of its own.
+    """``args`` (a LightningCLI command line) with ``--model.init_args.optimizer=<default_class_path>``
+    inserted before the first option that sets an argument of the model's optimizer
+    (``--model.init_args.optimizer.init_args.lr 1e-2``, or ``--model.optimizer.lr``, ...) when nothing
+    names the optimizer's class: no config gives the model an ``optimizer``, no option names one, and the
+    task's ``__init__`` has no ``optimizer`` default of its own.
 
-    Why: :class:`~lit_constrained.module.ConstrainedModule`'s default optimizer is a function (so that a
-    config naming another class starts from that class's own defaults), and jsonargparse, given an
-    argument for it without a class, takes the annotation's base class ``torch.optim.Optimizer``, which
-    takes no ``lr``. Otherwise ``args`` is returned as it is (a config that cannot be read: its error is
-    LightningCLI's to report)."""
+    Why: ConstrainedModule's default optimizer is a function (a config naming another class then starts
+    from that class's own defaults; a class-path default would carry SQP-Adam's eps into torch's Adam,
+    as jsonargparse keeps the init args a new class takes), and jsonargparse, given an argument for it
+    without a class, takes the annotation's base class ``torch.optim.Optimizer``, which takes no ``lr``."""
     args = [str(a) for a in args]
-    end = args.index("--") if "--" in args else len(args)
-    after_config, split = False, None
-    for index, arg in enumerate(args[:end]):
-        if arg in _LIGHTNING_SUBCOMMANDS and not after_config:
-            split = index
-            break
-        after_config = arg in ("-c", "--config")
-    top, own, subcommand = (args[:split], args[split + 1:end], args[split]) if split is not None else ([], args[:end], None)
+    top, own, subcommand = _split(args)
     first = None
-    for index, arg in enumerate(own):
-        if not arg.startswith("--"):
-            continue
-        name, equals, value = arg[2:].partition("=")
-        if not equals:
-            value = own[index + 1] if index + 1 < len(own) else ""
-        if name in ("model", "model.init_args") and "optimizer" in value:
-            return args
+    for index, name, value in _options(own):
         match = _OPTIMIZER_OPTION.match(name)
-        if match is None or match.group(1) == "help":
-            continue
-        if match.group(1) in (None, "class_path"):
+        if (name in ("model", "model.init_args") and "optimizer" in value) or (match and match.group(1) in (None, "class_path")):
             return args  # the class is named on the command line
-        if first is None:
+        if match and match.group(1) != "help" and first is None:
             first = index
     if first is None:
         return args
-    try:
-        sections = [content.get(subcommand) if subcommand else content
-                    for content in map(preflight.read_config, preflight.config_paths(top))]
-        sections += [preflight.read_config(path) for path in preflight.config_paths(own)]
-    except preflight.PreflightError:
+    if any(config_paths(top + own)) and not all(os.path.isfile(p) for p in config_paths(top + own)):
+        return args  # a missing config: the parser's error
+    models = _model_sections(args)
+    if any(_optimizer_of(m) is not None for m in models):
         return args
-    models = [section.get("model") for section in sections if isinstance(section, dict) and section.get("model")]
-    if any(_names_optimizer(model) for model in models):
-        return args
-    model_class = preflight.class_path_of_spec(models[-1]) if models else None
-    if model_class is not None and "optimizer" in preflight.own_arguments(model_class):
+    task = _class(str(models[-1].get("class_path"))) if models and models[-1].get("class_path") else None
+    if task is not None and "__init__" in vars(task) and "optimizer" in inspect.signature(task.__init__).parameters:
         return args  # the task's __init__ has an optimizer default of its own
-    offset = (split + 1) if split is not None else 0
+    offset = len(top) + (1 if subcommand else 0)
     return [*args[:offset + first], f"--model.init_args.optimizer={default_class_path}", *args[offset + first:]]
 
 
