@@ -24,9 +24,13 @@ exceeds the rank the step's factorization last reported (``optimizer.diagnostics
 beyond it are dependent and add cost, not constraint. The model, settled after its first correction, is kept (checkpoint),
 so a run resumed after that chooses the same counts and rows as the uninterrupted one, bit for bit.
 
-**Under DDP** the choice is made on every rank and rank 0's is broadcast (one small collective per
-re-choice), so every rank imposes the same rows, for a task whose constraints are shared
-(``constraints_shared``); a task with per-rank constraints keeps each rank's own.
+**The chosen points are kept**, with their per-point data, not only their indices: between re-choices
+the step imposes the same points even when the pool is a mini-batch that changes every step.
+
+**Under DDP** the choice is made on every rank and rank 0's points (and data) are broadcast (a few small
+collectives per re-choice), so every rank imposes the same rows even when each rank's pool is its own
+shard of the points, for a task whose constraints are shared (``constraints_shared``); a task with
+per-rank constraints keeps each rank's own.
 
 What was chosen is visible: ``imposed/<part>/rows`` (points imposed) in the logger, the fit summary's
 ``imposed`` line, and the checkpoint's ``lit_constrained_row_choice`` entry (resume is bit-exact).
@@ -215,6 +219,8 @@ class RowChoice:
         self.budget = float(budget)
         self.chosen: dict[str, Tensor] = {}
         """Each counted part's imposed points: sorted indices into its pool."""
+        self.kept: dict[str, tuple[Tensor, Any]] = {}
+        """Each counted part's imposed points and their data (rank 0's under DDP)."""
         self.pools: dict[str, int] = {}
         """Each counted part's pool size when its points were chosen."""
         self.cost: CostModel | None = None
@@ -243,8 +249,7 @@ class RowChoice:
         counted = self.counted(parts)
         if any(name not in self.chosen or self.pools[name] != part.points.shape[0] for name, part in counted.items()):
             self.choose(task, batch, parts, self.chosen_at if self.chosen_at is not None else 0)
-        kept = {name: (dataclasses.replace(part.at(self.chosen[name]), count=None) if name in counted else part)
-                for name, part in parts.items()}
+        kept = {name: (self._kept_part(name, part) if name in counted else part) for name, part in parts.items()}
         return {name: part for name, part in kept.items()
                 if not isinstance(part, Imposed) or part.points.shape[0]} or None  # a part with 0 points: none
 
@@ -279,10 +284,25 @@ class RowChoice:
                                       {n: p.points.shape[0] for n, p in auto.items()}, widths, max_rows))
         chosen = {name: spread_largest(counted[name].points, row_scores(values[name], counted[name].sense), k)
                   for name, k in counts.items()}
-        self.chosen = _same_on_every_rank(chosen, getattr(task, "constraints_shared", True))
+        shared = getattr(task, "constraints_shared", True)
+        self.chosen = _same_on_every_rank(chosen, shared)
+        self.kept = {}
+        for name, index in self.chosen.items():
+            pool = counted[name].points.shape[0]  # another rank's indices may pass this rank's pool: shapes only
+            part = counted[name].at(index.clamp(max=pool - 1)) if pool else counted[name]
+            self.kept[name] = _rank_zeros(part.points, part.data, shared)
         self.pools = {name: part.points.shape[0] for name, part in counted.items()}
         self.chosen_at = step
         self._step_times = []
+
+    def _kept_part(self, name: str, part: Imposed) -> Imposed:
+        """``part`` at its kept points and data (a checkpoint without them: its chosen indices)."""
+        if name not in self.kept:
+            cut = part.at(self.chosen[name])
+            self.kept[name] = (cut.points, cut.data)
+        points, data = self.kept[name]
+        return dataclasses.replace(part, points=points.to(part.points.device), data=_moved(data, part.points.device),
+                                   count=None)
 
     def rows(self) -> dict[str, tuple[int, int]]:
         """Each counted part's (points imposed, pool size)."""
@@ -292,16 +312,55 @@ class RowChoice:
     def state_dict(self) -> dict[str, Any]:
         cost = None if self.cost is None else dataclasses.asdict(self.cost)
         return {"chosen": {name: index.cpu() for name, index in self.chosen.items()}, "pools": dict(self.pools),
+                "kept": {name: (points.cpu(), _moved(data, torch.device("cpu"))) for name, (points, data) in self.kept.items()},
                 "cost": cost, "chosen_at": self.chosen_at}
 
     def load_state_dict(self, state: Mapping[str, Any], device: torch.device | None = None) -> None:
         self.chosen = {name: torch.as_tensor(index, dtype=torch.long, device=device)
                        for name, index in state["chosen"].items()}
         self.pools = {name: int(size) for name, size in state["pools"].items()}
+        self.kept = {name: (torch.as_tensor(points, device=device), _moved(data, device))
+                     for name, (points, data) in state.get("kept", {}).items()}
         cost = state.get("cost")
         self.cost = None if cost is None else CostModel(float(cost["free_s"]), dict(cost["row_s"]), float(cost["gram_s"]),
                                                         bool(cost.get("settled", False)))
         self.chosen_at = state.get("chosen_at")
+
+
+def _moved(data: Any, device: torch.device | None) -> Any:
+    """A part's per-point data (None, a tensor or a dict of tensors) on ``device``."""
+    if data is None or device is None:
+        return data
+    if isinstance(data, Tensor):
+        return data.to(device)
+    return {key: value.to(device) for key, value in data.items()}
+
+
+def _rank_zeros(points: Tensor, data: Any, shared: bool) -> tuple[Tensor, Any]:
+    """Rank 0's ``points`` and ``data`` on every rank (broadcast in place into copies of this rank's,
+    which have the same shapes: the counts are rank 0's) when a process group runs and the constraints
+    are shared; this rank's otherwise."""
+    import torch.distributed as dist
+
+    if not shared or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return points, data
+    tensors = [points.clone()]
+    if isinstance(data, Tensor):
+        tensors.append(data.clone())
+    elif data is not None:
+        tensors.extend(data[key].clone() for key in sorted(data))
+    for tensor in tensors:
+        if dist.get_backend() == "nccl" and tensor.device.type != "cuda":
+            moved = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+            dist.broadcast(moved, src=0)
+            tensor.copy_(moved)
+        else:
+            dist.broadcast(tensor, src=0)
+    if data is None:
+        return tensors[0], None
+    if isinstance(data, Tensor):
+        return tensors[0], tensors[1]
+    return tensors[0], dict(zip(sorted(data), tensors[1:]))
 
 
 def _as_rows(values: Tensor) -> Tensor:

@@ -176,13 +176,16 @@ def test_resume_with_re_chosen_rows_equals_the_uninterrupted_run(tmp_path: Path)
 def _rank_choice(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from lit_constrained.module_parts.row_choice import _same_on_every_rank
+    from lit_constrained.module_parts.row_choice import _rank_zeros, _same_on_every_rank
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         mine = {"pde": torch.tensor([rank, rank + 3, rank + 7]), "bc": torch.arange(rank + 1)}  # differ per rank
-        got = _same_on_every_rank(mine, shared=True)
-        torch.save({name: t.tolist() for name, t in got.items()}, f"{out}.{rank}")
+        got = {name: t.tolist() for name, t in _same_on_every_rank(mine, shared=True).items()}
+        # each rank's pool is its own shard: the points and their data imposed are rank 0's
+        points, data = _rank_zeros(torch.full((3, 2), float(rank)), {"n": torch.full((3, 2), rank + 10.0)}, True)
+        got["points"], got["data"] = points.tolist(), data["n"].tolist()
+        torch.save(got, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
 
@@ -207,7 +210,8 @@ def test_under_ddp_every_rank_imposes_rank_zeros_choice(tmp_path: Path) -> None:
                 process.kill()
             pytest.fail("the ranks did not finish within 100 s (a deadlock)")
     choices = [torch.load(tmp_path / f"choice.{rank}") for rank in (0, 1)]
-    assert choices[0] == choices[1] == {"pde": [0, 3, 7], "bc": [0]}
+    assert choices[0] == choices[1] == {"pde": [0, 3, 7], "bc": [0], "points": [[0.0, 0.0]] * 3,
+                                        "data": [[10.0, 10.0]] * 3}
 
 
 def test_a_part_given_no_points_is_left_out() -> None:
