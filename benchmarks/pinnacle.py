@@ -38,7 +38,7 @@ checkpoint, or L-BFGS's model and optimizer state, and the trajectory and CPU ti
 ``<out>.partial/``); a restart continues it from there, so a 20 000-step run survives being stopped::
 
     nice -n 10 env OMP_NUM_THREADS=1 python benchmarks/pinnacle.py --steps 2000 &      # resumable
-    python benchmarks/pinnacle.py --report                                             # the table
+    python benchmarks/pinnacle.py --report [RECORDS ...]                               # the table
 
 ``--report`` prints the table from the records (nothing is trained).
 """
@@ -402,12 +402,22 @@ def at_cpu(record: dict[str, Any], cpu: float) -> list[float] | None:
     return rows[-1] if rows else None
 
 
+def imposed_text(record: dict[str, Any]) -> str:
+    """The points a constrained run imposed: the fixed counts' sum, or the automatic choice per part
+    (its last choice: points of the pool)."""
+    chosen = record.get("chosen")
+    if chosen:
+        return " + ".join(f"{name} {count}/{pool}" for name, (count, pool) in chosen.items())
+    return str(sum(record["imposed"].values()))
+
+
 def report(records: list[dict[str, Any]]) -> str:
     """The table: per problem, steps, points and seed, each variant's rel. L2 at equal steps and at the
     recommended run's CPU time."""
     lines = ["| problem | steps | points (pde/bc/ic) | seed | variant | rel. L2 at equal steps | CPU s to those steps "
-             "| rel. L2 at equal CPU time (steps reached) | max imposed c / held-out residual |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| rel. L2 at equal CPU time (steps reached) | Adam at this run's CPU time (steps) "
+             "| max imposed c / held-out residual |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, int, str, int], dict[str, dict[str, Any]]] = {}
     for r in records:
         group = (r["problem"], r["steps"], json.dumps(r["points"], sort_keys=True), r["seed"])
@@ -424,10 +434,14 @@ def report(records: list[dict[str, Any]]) -> str:
             s = at_steps(r, steps)
             reached = budget is not None and r["trajectory"][-1][1] >= 0.98 * budget
             c = at_cpu(r, budget) if reached else None
-            name = variant if not is_constrained(split_variant(variant)[0]) else f"{variant} ({sum(r['imposed'].values())} imposed)"
+            name = variant if not is_constrained(split_variant(variant)[0]) else f"{variant} ({imposed_text(r)} imposed)"
             equal_time = f"{c[2]:.2e} ({int(c[0])})" if c else "-"
+            adam = runs.get("adam")
+            own = r["trajectory"][-1][1]
+            a = at_cpu(adam, own) if adam is not None and variant != "adam" and adam["trajectory"][-1][1] >= 0.98 * own else None
+            against = f"{a[2]:.2e} ({int(a[0])})" if a else "-"
             lines.append(f"| {PINNACLE_NAMES[problem]} | {steps} | {pts} | {seed} | {name} | {s[2]:.2e} | {s[1]:.0f} | "
-                         f"{equal_time} | {r['max_imposed']:.1e} / {r['max_held_out']:.1e} |")
+                         f"{equal_time} | {against} | {r['max_imposed']:.1e} / {r['max_held_out']:.1e} |")
     return "\n".join(lines)
 
 
@@ -448,12 +462,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="write a run's snapshot every N steps under <out>.partial/ (0: none); a restart continues it")
     parser.add_argument("--variant-major", action="store_true",
                         help="run every problem's first variant before any problem's second (default: problem by problem)")
-    parser.add_argument("--report", action="store_true", help="print the table of the records and exit")
+    parser.add_argument("--report", nargs="*", type=Path, default=None, metavar="RECORDS",
+                        help="print the table of the records (--out, or these files; a later record of the same "
+                             "run replaces an earlier one) and exit")
     args = parser.parse_args(argv)
     quiet()
     torch.set_num_threads(1)
-    if args.report:
-        print(report(load(args.out)))
+    if args.report is not None:
+        print(report([r for path in (args.report or [args.out]) for r in load(path)]))
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     problems, variants = args.problems.split(","), args.variants.split(",")
