@@ -233,8 +233,8 @@ def feasibility_finding(module: Any, batch: Any, end: float | None, optimizer: A
                "dtype='float64') or accept this floor")
     elif native:
         where = "at the float32 evaluation floor" if end <= FLOOR_FACTOR * floor else "above the float32 floors"
-        fix = (f"max |c| is {where}: evaluate c and J in float64 (a task's constraint_dtype='float64', or "
-               "lit_constrained.module_parts.constraint_precision.promote_parts in imposed()): an ill-conditioned "
+        fix = (f"max |c| is {where}: evaluate c and J in float64 (constraint_dtype='float64', the module's default for "
+               "imposed() parts; a task overriding constraints() casts its own): an ill-conditioned "
                "J amplifies the float32 noise of c into the normal step (docs/float32.md)")
     else:
         fix = ("not a precision floor: allow more post-step corrections (max_corrections), a smaller lr, more "
