@@ -54,6 +54,8 @@ class AdamCon(ConstrainedOptimizer):
     (``rho=1.0`` is the published method; ``rcond`` cuts the singular values of :math:`\hat J`.)
     """
 
+    vector_keys = ("exp_avg", "exp_avg_sq")
+
     def __init__(
         self,
         params: ParamsT,

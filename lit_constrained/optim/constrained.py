@@ -87,7 +87,6 @@ from .hyperparameters import (
     DEFAULT_RHO,
     PROJECTION_DEFAULTS,
     SHARED_KEYS,
-    STATE_KEY,
     MaxNormalStep,
     Precision,
     Rho,
@@ -101,6 +100,15 @@ from .linalg.blas_threads import host_blas_threads
 from .linalg.gram_factor import EIGH_MAX_SIZE
 from .projection import Projection
 from .safeguard import ADAPTIVE_NORMAL_STEP
+from .state import (
+    STATE_KEY,
+    ViewCache,
+    gather_flat_state,
+    restore_parameter_entries,
+    saved_parameter_entries,
+    scatter_flat_state,
+    split_flat_state,
+)
 from .workspace import Workspace
 
 __all__ = [
@@ -144,9 +152,10 @@ class FlatInputs:
 
 
 class ConstrainedOptimizer(Optimizer, ABC):
-    """The class under a step function: hyperparameters, input checks, the flat layout, the state
-    (``state["flat"]``), the post-step corrections and the diagnostics; a subclass gives its state at the
-    first step (``_init_state``) and calls its function (``_step_function``)."""
+    """The class under a step function: hyperparameters, input checks, the flat layout, the state (the
+    package's convention, :mod:`~lit_constrained.optim.state`: per parameter the views of the flat vectors
+    ``vector_keys``, and ``state["global"]``), the post-step corrections and the diagnostics; a subclass
+    gives its state at the first step (``_init_state``) and calls its function (``_step_function``)."""
 
     requires = frozenset({"constraints", "jacobian"})
     accepts_inequalities: bool = False
@@ -156,28 +165,42 @@ class ConstrainedOptimizer(Optimizer, ABC):
     automatic optimization passes no constraints); ConstrainedModule turns it off after its own warning."""
     shared_keys: tuple[str, ...] = SHARED_KEYS
     """Hyperparameters of the one projection: equal in all param groups."""
+    vector_keys: tuple[str, ...] = ()
+    """The state's n-vectors (the moments): kept flat, each parameter's entry holds views of them."""
 
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
         defaults = {**PROJECTION_DEFAULTS, **defaults}
         self._check_group(defaults)
         super().__init__(params, defaults)
         self.diagnostics: dict[str, Tensor] = {}
-        self._rank_warned = False
         self._workspace = Workspace()
-        self.active_set: Tensor = torch.zeros(0, dtype=torch.long)
-        """The last step's active inequality rows (a sorted LongTensor; a diagnostic: the next step's working set is
-        ``state["active_set"]``, which resumes with the state)."""
-        self.inequality_multipliers: Tensor | None = None
-        """The last step's inequality multipliers ((p,) float64, >= 0, 0 off the active set)."""
         self._check_groups()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("diagnostics", {})
-        self.__dict__.setdefault("_rank_warned", False)
         self.__dict__.setdefault("_workspace", Workspace())
-        self.__dict__.setdefault("active_set", torch.zeros(0, dtype=torch.long))
-        self.__dict__.setdefault("inequality_multipliers", None)
+
+    @property
+    def active_set(self) -> Tensor:
+        """The last step's active inequality rows (a sorted LongTensor, ``state["global"]["active_rows"]``;
+        empty without inequality rows). The next step's working set is ``state["global"]["active_set"]``."""
+        rows = self.state.get(STATE_KEY, {}).get("active_rows")
+        return torch.zeros(0, dtype=torch.long) if rows is None else rows
+
+    @property
+    def inequality_multipliers(self) -> Tensor | None:
+        """The last step's inequality multipliers ((p,) float64, >= 0, 0 off the active set;
+        ``state["global"]["inequality_multipliers"]``), None without inequality rows."""
+        return self.state.get(STATE_KEY, {}).get("inequality_multipliers")
+
+    def _vector_keys(self) -> tuple[str, ...]:
+        """The state's n-vectors (:attr:`vector_keys`)."""
+        return self.vector_keys
+
+    def _view_cache(self) -> ViewCache:
+        """The per-parameter views of the state's flat vectors (scratch: rebuilt from the state when empty)."""
+        return self._workspace.cache.setdefault("state_views", {})  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ hyperparameters
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -199,10 +222,17 @@ class ConstrainedOptimizer(Optimizer, ABC):
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """torch's ``load_state_dict``; groups saved before a hyperparameter existed get its default (a
-        checkpoint from before ``constraint_tol`` / ``max_corrections`` resumes with the corrections of
-        today's defaults)."""
+        """torch's ``load_state_dict``, with the per-parameter entries kept as saved (torch would cast them to
+        each parameter's dtype; ``precision="float64"`` keeps float64 moments of float32 parameters) and a
+        checkpoint of the earlier layout (one ``state["flat"]`` entry) split into today's
+        (:func:`~lit_constrained.optim.state.split_flat_state`); groups saved before a hyperparameter existed
+        get its default (a checkpoint from before ``constraint_tol`` / ``max_corrections`` resumes with the
+        corrections of today's defaults)."""
+        params = group_params(self.param_groups)
+        state_dict = split_flat_state(state_dict, params, self._vector_keys(), type(self).__name__)
+        entries = saved_parameter_entries(state_dict, params)
         super().load_state_dict(state_dict)
+        restore_parameter_entries(self.state, entries)
         for group in self.param_groups:
             for key in ("constraint_tol", "max_corrections"):
                 group.setdefault(key, self.defaults[key])
@@ -287,14 +317,16 @@ class ConstrainedOptimizer(Optimizer, ABC):
         if self.warns_without_constraints and not inputs.c.numel() and inputs.inequalities is None:
             self.warns_without_constraints = False
             warnings.warn(no_constraints_given_hint(type(self).__name__), stacklevel=2)
-        result = self._step_function(inputs, self._state(inputs), diagnostics)
+        previous, gathered = self._state(params, inputs)
+        result = self._step_function(inputs, previous, diagnostics)
         m, n = inputs.jacobian.shape
-        self._warn_if_dependent(result.rank, m, n, result.condition)
-        self.state[STATE_KEY] = result.state
-        inputs.layout.add_(inputs.reals, result.delta)
         if inputs.inequalities is not None:
-            self.active_set = torch.tensor(result.active, dtype=torch.long)
-            self.inequality_multipliers = result.multipliers
+            result.state["active_rows"] = torch.tensor(result.active, dtype=torch.long)
+            result.state["inequality_multipliers"] = result.multipliers
+        self._warn_if_dependent(result.state, result.rank, m, n, result.condition)
+        scatter_flat_state(self.state, params, result.state, self._vector_keys(), self._view_cache(),
+                           previous if gathered else None)
+        inputs.layout.add_(inputs.reals, result.delta)
         record = result.diagnostics
         rows = m + (inputs.inequalities.numel() if inputs.inequalities is not None else 0)
         if rows and constraint_closure is not None and self.param_groups[0]["max_corrections"]:
@@ -359,36 +391,40 @@ class ConstrainedOptimizer(Optimizer, ABC):
                 )
         state = self.state[STATE_KEY]
         if q is None:
-            self.active_set, self.inequality_multipliers = torch.zeros(0, dtype=torch.long), None
-            state.pop("active_set", None)
+            for key in ("active_set", "active_rows", "inequality_multipliers"):
+                state.pop(key, None)
         else:
             working = state.get("active_set")
             warm = () if working is None else tuple(row for row in working.tolist() if row < q.numel())
         return FlatInputs(layout, layout.reals(params), g, c, J, q, Q, warm, loss)
 
-    def _state(self, inputs: FlatInputs) -> dict[str, Any]:
-        """The state (created at the first step; moments from a checkpoint of another precision cast once)."""
+    def _state(self, params: list[Tensor], inputs: FlatInputs) -> tuple[dict[str, Any], bool]:
+        """The step's flat state (:func:`~lit_constrained.optim.state.gather_flat_state`: created at the first
+        step; moments from a checkpoint of another precision cast once) and whether it was gathered from the
+        parameters' entries (False at the first step: they have none yet)."""
         g, n = inputs.g, inputs.layout.n
-        state = self.state[STATE_KEY]
-        if not state:
-            state.update(self._init_state(n, g.device, g.dtype))
-        elif state.get("n", n) != n:
+        shared = self.state[STATE_KEY]
+        if not shared:
+            return self._init_state(n, g.device, g.dtype), False
+        if shared.get("n", n) != n:
             raise ValueError(
-                f"The number of parameters changed from {state['n']} to {n} since the first step; "
+                f"The number of parameters changed from {shared['n']} to {n} since the first step; "
                 "create a new optimizer after adding parameter groups."
             )
-        else:
-            for key, value in state.items():
-                if isinstance(value, Tensor) and value.dim() == 1 and value.dtype != g.dtype and value.is_floating_point():
-                    state[key] = value.to(g.dtype)
-        return state
+        state = gather_flat_state(self.state, params, self._vector_keys(), self._view_cache())
+        for key in self._vector_keys():
+            value = state[key]
+            if value.dtype != g.dtype or value.device != g.device:
+                state[key] = value.to(device=g.device, dtype=g.dtype)
+        return state, True
 
-    def _warn_if_dependent(self, rank: int, m: int, n: int, condition: float) -> None:
-        """One warning per optimizer when the imposed constraints are numerically dependent (rank < m):
-        duplicate points, or more points than the network can satisfy (m > n among them)."""
-        if rank >= m or self._rank_warned:
+    def _warn_if_dependent(self, state: dict[str, Any], rank: int, m: int, n: int, condition: float) -> None:
+        """One warning per optimizer (``state["global"]["rank_warned"]``: a resumed run does not repeat it)
+        when the imposed constraints are numerically dependent (rank < m): duplicate points, or more points
+        than the network can satisfy (m > n among them)."""
+        if rank >= m or state.get("rank_warned", False):
             return
-        self._rank_warned = True
+        state["rank_warned"] = True
         why = (f"there are more constraints than parameters (m = {m} > n = {n}): at most n can hold"
                if m > n else "duplicate or redundant points, or more points than the network can satisfy")
         warnings.warn(

@@ -7,13 +7,13 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, TypeVar, Union
 
+from .state import STATE_KEY  # noqa: F401  (the key of the step's shared state; re-exported)
+
 Rho = Union[float, Literal["full"]]
 MaxNormalStep = Union[float, None, Literal["adaptive"]]
 Precision = Literal["native", "float64"]
 
 PRECISIONS = ("native", "float64")
-STATE_KEY = "flat"
-"""The ``optimizer.state`` key of the flat state (one entry: the optimizers work on the flat vector)."""
 
 DEFAULT_LR = 1e-3
 DEFAULT_RHO: Rho = "full"

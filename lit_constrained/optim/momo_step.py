@@ -25,9 +25,10 @@ torch.optim conventions:
   ``diagnostics=True`` and emptied on the others: ``tau``, ``zeta`` (the step size and the adaptive
   term; ``tau/group<i>``, ``zeta/group<i>`` with several groups) and ``lower_bound_used`` (the
   :math:`f^*_k` this step used, after ResetStar).
-* ``optimizer.state`` holds exactly what resuming needs: ``state["momo"]`` with ``step`` (k, an int),
+* ``optimizer.state`` holds exactly what resuming needs, in the package's convention
+  (:mod:`~lit_constrained.optim.state`): ``state["global"]`` with ``step`` (k, an int),
   ``loss_avg`` (:math:`\bar f_k`), ``gamma`` (:math:`\gamma_k`) and ``lower_bound`` (:math:`f^*_{k+1}`),
-  0-dim float64 tensors on the parameters' device, read directly (``opt.state["momo"]["lower_bound"]`` is the
+  0-dim float64 tensors on the parameters' device, read directly (``opt.state["global"]["lower_bound"]`` is the
   current estimate of :math:`f^*`), and the per-parameter moments. ``state_dict()`` /
   ``load_state_dict()`` resume the exact trajectory.
 
@@ -57,9 +58,11 @@ from lit_constrained.jacobians import real_view
 from .autocast import outside_autocast
 from .checks import all_finite, check_finite, check_lr, check_shared_keys, loss_from_closure
 from .momo_rules import adaptive_step, estimate_lower_bound, reset_lower_bound
+from .state import STATE_KEY, rename_momo_state
 
-GLOBAL_KEY = "momo"
-"""The ``optimizer.state`` key of the loss model's scalars (``step``, ``loss_avg``, ``gamma``, ``lower_bound``)."""
+GLOBAL_KEY = STATE_KEY
+"""The ``optimizer.state`` key of the loss model's scalars (``step``, ``loss_avg``, ``gamma``, ``lower_bound``):
+the package's shared entry, ``state["global"]`` (:mod:`~lit_constrained.optim.state`)."""
 
 
 # ---------------------------------------------------------------------------- tensor helpers
@@ -146,9 +149,10 @@ class _MoMoBase(Optimizer, ABC):
         self.__dict__.setdefault("diagnostics", {})
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """torch's ``load_state_dict``; a checkpoint of the earlier layout (Python floats, per-group
-        ``"group<i>"`` entries holding the last tau and zeta) resumes too, without those stale entries."""
-        super().load_state_dict(state_dict)
+        """torch's ``load_state_dict``; checkpoints of the earlier layouts resume too: the scalars in
+        ``state["momo"]`` (:func:`~lit_constrained.optim.state.rename_momo_state`), and before that Python
+        floats and per-group ``"group<i>"`` entries holding the last tau and zeta (dropped: stale)."""
+        super().load_state_dict(rename_momo_state(state_dict))
         for key in [key for key in self.state if isinstance(key, str) and key != GLOBAL_KEY]:
             del self.state[key]
         self.state.get(GLOBAL_KEY, {}).pop("lower_bound_used", None)

@@ -74,6 +74,7 @@ class SQPHeavyBall(ConstrainedOptimizer):
     """
 
     accepts_inequalities = True
+    vector_keys = ("momentum",)
 
     def __init__(
         self,
@@ -146,6 +147,7 @@ class SQPAdam(ConstrainedOptimizer):
     """
 
     accepts_inequalities = True
+    vector_keys = ("momentum", "second_moment")
 
     def __init__(
         self,

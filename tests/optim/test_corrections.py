@@ -89,8 +89,7 @@ def test_adam_con_correction_solves_the_linearized_constraints_in_its_metric():
     optimizer.step(constraints=c, jacobian=J, constraint_closure=constraints_now)
     delta = p.detach() - before["x"]
     torch.testing.assert_close(J @ delta, -circle_constraints(before["x"]), rtol=1e-10, atol=1e-13)
-    state = optimizer.state["flat"]
-    h = (state["exp_avg_sq"] / (1 - 0.999) + 1e-7).sqrt()  # k = 1: v_hat = v / (1 - beta2)
+    h = (optimizer.state[p]["exp_avg_sq"] / (1 - 0.999) + 1e-7).sqrt()  # k = 1: v_hat = v / (1 - beta2)
     expected = -(J.T / h[:, None]) @ torch.linalg.solve((J / h) @ J.T, circle_constraints(before["x"]))
     torch.testing.assert_close(delta, expected, rtol=1e-9, atol=1e-13)
 
@@ -164,7 +163,7 @@ def test_no_corrections_after_a_capped_normal_step():
     c, J = prepared(p)
     calls: list[int] = []
     optimizer.step(constraints=c, jacobian=J, diagnostics=True, constraint_closure=closure_of(p, calls))
-    assert bool(optimizer.state["flat"]["normal_step_capped"])
+    assert bool(optimizer.state["global"]["normal_step_capped"])
     assert int(optimizer.diagnostics["corrections"]) == 0 and len(calls) == 1  # (the diagnostic's evaluation)
 
 

@@ -130,13 +130,13 @@ def test_the_radius_doubles_when_the_capped_step_achieves_the_predicted_decrease
 def test_the_radius_halves_when_the_violation_does_not_decrease_as_predicted():
     x, opt = linear_problem(SQPHeavyBall, momentum=0.0)
     constrained_step(opt, x, -5.0)  # capped
-    radius = float(opt.state["flat"]["normal_radius"])
+    radius = float(opt.state["global"]["normal_radius"])
     constrained_step(opt, x, -6.0)  # the violation grew: ratio < 0
-    assert float(opt.state["flat"]["normal_radius"]) == pytest.approx(radius * RULE.shrink, rel=1e-12)
+    assert float(opt.state["global"]["normal_radius"]) == pytest.approx(radius * RULE.shrink, rel=1e-12)
     assert float(opt.diagnostics["normal_radius"]) == pytest.approx(radius * RULE.shrink, rel=1e-12)
     for _ in range(20):  # never below the smallest radius
         constrained_step(opt, x, -6.0 - float(x.detach()[0]))
-    assert float(opt.state["flat"]["normal_radius"]) == pytest.approx(RULE.smallest, rel=1e-12)
+    assert float(opt.state["global"]["normal_radius"]) == pytest.approx(RULE.smallest, rel=1e-12)
 
 
 def test_uncapped_steps_leave_the_radius_alone():
@@ -144,7 +144,7 @@ def test_uncapped_steps_leave_the_radius_alone():
     constrained_step(opt, x, -1e-3)  # tiny normal step: not capped
     assert opt.diagnostics["normal_step_capped"] == 0.0
     constrained_step(opt, x, 1.0)  # an "increase" of the violation after an uncapped step
-    assert float(opt.state["flat"]["normal_radius"]) == RULE.initial
+    assert float(opt.state["global"]["normal_radius"]) == RULE.initial
 
 
 @pytest.mark.parametrize("kwargs", [{"max_normal_step": None}, {"rho": 1.0}])

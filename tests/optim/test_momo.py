@@ -72,7 +72,7 @@ def train(net: nn.Module, opt: torch.optim.Optimizer, steps: int, X: Tensor, Y: 
 
 def lower_bound(opt: torch.optim.Optimizer) -> float:
     """The current f* estimate (the one the next step starts from)."""
-    return float(opt.state["momo"]["lower_bound"])
+    return float(opt.state["global"]["lower_bound"])
 
 
 # ---------------------------------------------------------------------------- tiny lr == SGD-M / Adam
@@ -275,7 +275,7 @@ def test_matches_independent_implementation_of_the_spec(case: dict, two_groups: 
         flat = torch.nn.utils.parameters_to_vector(params).detach().numpy()
         np.testing.assert_allclose(flat, x_ref, rtol=1e-10, atol=1e-12)
         assert lower_bound(opt) == pytest.approx(fstar, rel=1e-10, abs=1e-12)
-        assert opt.state["momo"]["step"] == k + 1
+        assert opt.state["global"]["step"] == k + 1
     if case.get("estimate"):
         assert resets > 0  # ResetStar's branch was exercised
 
@@ -323,8 +323,8 @@ def test_state_holds_the_loss_model_and_moments_and_diagnostics_hold_the_rest() 
     opt = MoMoAdam(net.parameters(), estimate_lower_bound=True)
     train(net, opt, 3, X, Y)
     sd = copy.deepcopy(opt.state_dict())
-    assert set(sd["state"]) == {"momo"} | set(range(len(list(net.parameters()))))  # no per-group entries
-    model = sd["state"]["momo"]
+    assert set(sd["state"]) == {"global"} | set(range(len(list(net.parameters()))))  # no per-group entries
+    model = sd["state"]["global"]
     assert set(model) == {"step", "loss_avg", "gamma", "lower_bound"} and model["step"] == 3
     assert all(model[key].shape == () and model[key].dtype == DT for key in ("loss_avg", "gamma", "lower_bound"))
     assert set(sd["state"][0]) == {"exp_avg", "exp_avg_sq"}
@@ -334,7 +334,8 @@ def test_state_holds_the_loss_model_and_moments_and_diagnostics_hold_the_rest() 
 @pytest.mark.parametrize("cls", [MoMo, MoMoAdam])
 def test_a_checkpoint_of_the_earlier_layout_resumes_exactly(cls: type) -> None:
     # before issue 13 the loss model was stored as Python floats with "lower_bound_used", and each group's
-    # last tau and zeta under "group<i>": such a checkpoint resumes the same trajectory, the stale entries gone
+    # last tau and zeta under "group<i>"; until the one state convention of optim/state.py the loss model
+    # was state["momo"]: such a checkpoint resumes the same trajectory, the stale entries gone
     X, Y = net_data()
     straight, first = tiny_net(), tiny_net()
     opt = cls(straight.parameters(), lr=0.5, estimate_lower_bound=True)
@@ -342,14 +343,14 @@ def test_a_checkpoint_of_the_earlier_layout_resumes_exactly(cls: type) -> None:
     opt1 = cls(first.parameters(), lr=0.5, estimate_lower_bound=True)
     train(first, opt1, 4, X, Y)
     old = copy.deepcopy(opt1.state_dict())
-    model = old["state"]["momo"]
+    model = old["state"].pop("global")
     old["state"]["momo"] = {key: (v if key == "step" else float(v)) for key, v in model.items()}
     old["state"]["momo"]["lower_bound_used"] = float(opt1.diagnostics["lower_bound_used"])
     old["state"]["group0"] = {"tau": float(opt1.diagnostics["tau"]), "zeta": float(opt1.diagnostics["zeta"])}
     opt2 = cls(first.parameters(), lr=0.5, estimate_lower_bound=True)
     opt2.load_state_dict(old)
-    assert set(k for k in opt2.state if isinstance(k, str)) == {"momo"}
-    assert set(opt2.state["momo"]) == {"step", "loss_avg", "gamma", "lower_bound"}
+    assert set(k for k in opt2.state if isinstance(k, str)) == {"global"}
+    assert set(opt2.state["global"]) == {"step", "loss_avg", "gamma", "lower_bound"}
     train(first, opt2, 4, X, Y, start=4)
     for p, q in zip(straight.parameters(), first.parameters()):
         assert torch.equal(p, q)
@@ -388,7 +389,7 @@ def test_zero_gradient_gives_a_zero_step(cls: type, estimate: bool) -> None:
         opt.step(lambda: torch.tensor(0.7, dtype=DT), diagnostics=True)
         assert float(opt.diagnostics["tau"]) == 0.0 and float(opt.diagnostics["zeta"]) == 0.0
     assert torch.equal(x.detach(), x0)
-    assert all(math.isfinite(float(v)) for v in opt.state["momo"].values())
+    assert all(math.isfinite(float(v)) for v in opt.state["global"].values())
 
 
 @pytest.mark.parametrize("cls", [MoMo, MoMoAdam])
@@ -407,8 +408,8 @@ def test_check_finite_raises_on_a_non_finite_loss_or_gradient_and_changes_nothin
     with pytest.raises(ValueError, match=r"<g, x> \(the gradient or the parameters\) contains 1 non-finite"):
         opt.step(lambda: torch.tensor(0.5, dtype=DT))
     after = (opt.state_dict(), net.state_dict())
-    for key, value in before[0]["state"]["momo"].items():
-        assert torch.equal(torch.as_tensor(value), torch.as_tensor(after[0]["state"]["momo"][key]))
+    for key, value in before[0]["state"]["global"].items():
+        assert torch.equal(torch.as_tensor(value), torch.as_tensor(after[0]["state"]["global"][key]))
     for key, t in before[0]["state"][0].items():
         assert torch.equal(t, after[0]["state"][0][key])
     for key, t in before[1].items():
@@ -567,10 +568,10 @@ def test_past_the_float32_step_count_the_reference_ops_take_over(monkeypatch: py
     calls = fused_calls(monkeypatch)
     x = torch.zeros(3, requires_grad=True)
     opt = step_twice([x])
-    opt.state["momo"]["step"] = FUSED_MAX_STEP - 1
+    opt.state["global"]["step"] = FUSED_MAX_STEP - 1
     x.grad = torch.ones(3)
     opt.step(lambda: torch.tensor(1.0))  # k = FUSED_MAX_STEP
-    assert len(calls) == 2 and opt.state["momo"]["step"] == FUSED_MAX_STEP
+    assert len(calls) == 2 and opt.state["global"]["step"] == FUSED_MAX_STEP
     opt.param_groups[0]["fused"] = True
     with pytest.raises(ValueError, match="float32 no longer holds the count"):
         opt.step(lambda: torch.tensor(1.0))
@@ -588,7 +589,7 @@ def test_param_groups_saved_before_fused_existed_load_with_the_default() -> None
     assert resumed.param_groups[0]["fused"] is None
     y.grad = torch.ones(3)
     resumed.step(lambda: torch.tensor(1.0))
-    assert resumed.state["momo"]["step"] == 3
+    assert resumed.state["global"]["step"] == 3
 
 
 def test_fused_must_be_none_true_or_false() -> None:

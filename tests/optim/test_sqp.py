@@ -349,8 +349,8 @@ def test_float32_step_restores_the_linearized_constraints(opt_cls, cond, seed):
     accumulated its corrections into the step (see refinement.refine_)."""
     error, x, opt = float32_linearized_feasibility_error(opt_cls, cond, seed)
     assert error <= ACCURACY[opt_cls][cond > 1e3], error
-    assert x.dtype == torch.float32 and all(t.dtype == torch.float32 for t in opt.state["flat"].values()
-                                                 if isinstance(t, torch.Tensor) and t.dim() == 1)
+    assert x.dtype == torch.float32 and all(t.dtype == torch.float32 for t in opt.state[x].values()
+                                                 if isinstance(t, torch.Tensor))
 
 
 @pytest.mark.parametrize("opt_cls", [SQPHeavyBall, SQPAdam, AdamCon])
@@ -412,7 +412,8 @@ def test_no_n_sized_allocation_after_the_first_step(opt_cls):
         opt.step(constraints=torch.randn(4), jacobian=J)
     x.grad = torch.randn(n)
     c = torch.randn(4)
-    tensors = [x, x.grad, J, *opt._workspace.buffers.values()] + [t for t in opt.state["flat"].values() if isinstance(t, torch.Tensor)]
+    tensors = [x, x.grad, J, *opt._workspace.buffers.values()] + [t for entry in opt.state.values() for t in entry.values()
+                                                                    if isinstance(t, torch.Tensor)]
     persistent = {t.untyped_storage().data_ptr() for t in tensors}
     with LargeAllocations(n, persistent) as allocations:
         opt.step(constraints=c, jacobian=J)

@@ -332,6 +332,10 @@ class _SQPMoMoBase(ConstrainedOptimizer):
     def _moment_keys(self) -> tuple[str, ...]:
         """The state keys of the moments, the momentum average d first."""
 
+    def _vector_keys(self) -> tuple[str, ...]:
+        """The state's n-vectors: the moments (each parameter's entry holds views of them)."""
+        return self._moment_keys()
+
     @abstractmethod
     def _update_moments(self, state: dict[str, Any], g: Tensor, g_second: Tensor, weight: float) -> None:
         """Update the moments in place: the momentum with the new gradient g, a second moment with
