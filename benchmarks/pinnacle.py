@@ -18,7 +18,9 @@ initial weights: their hash is recorded) on the same points (the task's data mod
   N / 2 boundary (and initial) points imposed; ``sqp<P>+<B>+<I>``: P PDE, B boundary and I initial
   points (Poisson2d-C: ``sqp<P>+<B>``);
 * ``<variant>@cos`` (not ``lbfgs``): ``variant`` with its lr annealed by a cosine to 1 % over ``--steps``;
-  ``<variant>@const``: a constrained variant with a constant lr (the config's scheduler left out);
+  ``<variant>@const``: a constrained variant with a constant lr (the config's scheduler left out, the
+  module's default decay off); ``recommended`` and ``sqp<N>`` keep their config's schedule, a constant lr
+  where it names none (as they were swept);
 * ``lbfgs``: ``torch.optim.LBFGS`` (lr 1, strong-Wolfe line search, history 50), one iteration a step,
   from the same weights (a plain loop on the task's objective: the package's module steps one
   optimizer call per batch with no closure to re-evaluate); a step that does not move (the line search
@@ -158,7 +160,9 @@ def build(problem: str, variant: str, points: dict[str, int], seed: int, steps: 
     optimizer = rec["optimizer"] if is_constrained(base) else {"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}}
     torch.manual_seed(seed)
     scheduler = lr_schedule(variant, steps, optimizer["init_args"]["lr"], rec["lr_scheduler"])
-    extra = {"imposed_count": "auto"} if base == "auto" else {}
+    extra: dict[str, Any] = {"imposed_count": "auto"} if base == "auto" else {}
+    if suffix == "const" or (is_constrained(base) and scheduler is None and base != "auto"):
+        extra["lr_decay"] = "none"  # a constant lr, as the variant names (the module's default would decay it)
     model = task_cls(optimizer=optimizer, lr_scheduler=scheduler, num_threads=1, **extra)
     return model, data
 
