@@ -245,3 +245,14 @@ def test_the_chosen_points_keep_their_own_data() -> None:
         quiet_trainer(max_steps=10, limit_val_batches=0).fit(model, train_dataloaders=_loader())
     for (name, a), b in zip(plain.state_dict().items(), with_data.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_between_re_choices_the_chosen_points_are_kept_when_the_pool_changes() -> None:
+    """A pool that moves (a mini-batch) between re-choices: the step keeps imposing the points chosen,
+    not whatever lies at their indices in the new pool."""
+    model = Bumps(count=2, rechoose_every=1000, lr_decay="none")
+    model.constraints(None)
+    chosen = model.pool[[20, 70]].clone()
+    model.pool = torch.flip(model.pool, dims=[0]).clone()  # the same size: no re-choice
+    parts = model.row_choice.apply(model, None, model.imposed(None))
+    assert torch.equal(parts["fit"].points, chosen)
