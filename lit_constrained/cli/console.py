@@ -1,22 +1,17 @@
 """The ``lit-constrained`` console script: one argparse parser whose subcommands dispatch to the layers.
 
 * ``fit``: :func:`lit_constrained.cli.fit.run_fit`; ``validate``, ``test``, ``predict``:
-  :func:`lit_constrained.cli.fit.main`. Everything after these subcommands is handed to LightningCLI
-  unparsed (it has the options: ``lit-constrained fit --help``), and so are LightningCLI's options
-  before the subcommand (``-c/--config``, ``--print_config``).
+  :func:`lit_constrained.cli.fit.main`, everything after the subcommand handed to LightningCLI unparsed,
+  and so are LightningCLI's options before it (``-c/--config``, ``--print_config``).
 * ``compare``: :func:`lit_constrained.compare.run` with the arguments of
   :func:`lit_constrained.compare.add_arguments`, parsed here.
 
-Building the parser imports neither torch nor Lightning, so ``lit-constrained``, ``lit-constrained
---help`` and ``lit-constrained compare --help`` answer at once, and so does a subcommand given nothing to
-run (:data:`NO_CONFIG`); :mod:`lit_constrained.cli.fit` (torch, Lightning: seconds) is imported inside
-:func:`main`, only when a Lightning subcommand runs (``fit --help``: :mod:`lit_constrained.cli.help`). That import is the command's
-start-up speed, not a way around a circle: the layers are one-way, console -> compare -> fit, and
-neither imports this module. Nothing imports this module but the console script and its ``python -m``
-twin (``python -m lit_constrained.cli``: :mod:`lit_constrained.cli.__main__`).
-
-Only argparse's public API is used: the bare ``--print_config`` that takes no value is a rewrite of
-the arguments (:func:`bare_print_config_as_empty`), not an override of argparse's option matching.
+Building the parser imports neither torch nor Lightning, so ``lit-constrained --help``, ``compare --help``
+and a subcommand given nothing to run answer at once; :mod:`lit_constrained.cli.fit` (seconds) is imported
+inside :func:`main`, only when a Lightning subcommand runs (start-up speed, not a way around a circle:
+console -> compare -> fit is one-way, and nothing imports this module but the console script and
+``python -m lit_constrained.cli``). A bare ``--print_config`` that takes no value is a rewrite of the
+arguments (:func:`bare_print_config_as_empty`), not an override of argparse's option matching.
 """
 
 from __future__ import annotations
@@ -60,10 +55,8 @@ class _CommandParser(argparse.ArgumentParser):
 
 
 def bare_print_config_as_empty(argv: Sequence[str]) -> list[str]:
-    """``argv`` with each bare ``--print_config`` before the subcommand written ``--print_config=`` (no
-    flags), so that it takes no value; the subcommand's own arguments are left as they are. The
-    subcommand is the first of :data:`SUBCOMMANDS` that is not the value of ``-c``/``--config``; after
-    ``--`` every argument is a value (argparse's rule), left as it is too."""
+    """``argv`` with each bare ``--print_config`` before the subcommand (the first of :data:`SUBCOMMANDS`
+    that is not the value of ``-c``/``--config``, up to ``--``) written ``--print_config=``."""
     argv = list(argv)
     after_config = False
     for index, arg in enumerate(argv):

@@ -1,19 +1,14 @@
-r"""The argument parser of ``lit-constrained``: plain-words help, no abbreviations, errors in one line
-with the fix, ``null`` at any depth, no silent loss of optimizer arguments, and the run's resolved config
-saved without touching the user's files. Only public hooks of argparse, jsonargparse and LightningCLI.
+r"""The argument parser of ``lit-constrained``, on public hooks of argparse, jsonargparse and LightningCLI only.
 
-* Help text comes from the classes' docstrings, written for Sphinx; :func:`plain_words` turns
-  ``:class:`~pkg.Name``` into ``Name``, ````code```` into ``code`` and ``:math:`\alpha``` into ``alpha``;
-  the help column is wide enough for the longest class path (:class:`PlainHelpFormatter`).
-* ``allow_abbrev=False``: ``--trainer.max_epoch 5`` is an error, not a silent prefix match.
+* Plain-words help (:func:`plain_words`: ``:class:`~pkg.Name``` -> ``Name``, ``:math:`\alpha``` ->
+  ``alpha``), wide enough that no class path is cut (:class:`PlainHelpFormatter`); no abbreviations.
+* Errors in one line with the fix (:func:`~lit_constrained.cli.fit.hints.phrase_error`).
 * ``--model.init_args.optimizer.init_args.max_normal_step null``: jsonargparse hands a value two class
-  levels down on as the text ``f"--key={value}"``, so the null it read arrives as ``"None"``, which YAML
-  reads as a string; the parser's loader (:data:`PARSER_MODE`, jsonargparse's public ``set_loader``)
-  reads the whole value ``None`` as null, as the help shows a null default.
-* Before parsing (:func:`checked_command_line`): an optimizer class switched on the command line
-  (``--model.optimizer torch.optim.Adam`` over a config that gave ``SQPAdam`` with ``rho``) must not drop
-  init args the config set (jsonargparse drops those the new class does not take), and an optimizer
-  argument where nothing names the optimizer reaches the default one (:func:`with_the_default_optimizer`).
+  levels down on as the text ``f"--key={value}"``, so the null it read arrived as ``"None"``, a string to
+  YAML; the parser's loader (jsonargparse's public ``set_loader``) reads the value ``None`` as null, as
+  the help shows a null default. (A config's ``None`` is still the string: the loader reads a whole file.)
+* Before parsing: a class switch that would drop init args (:func:`check_no_dropped_init_args`), an
+  optimizer argument where nothing names the optimizer (:func:`with_the_default_optimizer`).
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lit_constrained.class_spec import import_class
 from lit_constrained.cli.fit.hints import config_paths, phrase_error
 
-_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`]+)`")
-_LITERAL = re.compile(r"``([^`]+)``")
+_ROLE, _LITERAL = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`]+)`"), re.compile(r"``([^`]+)``")
 _GREEK = re.compile(r"\\(alpha|beta|gamma|delta|epsilon|zeta|eta|theta|lambda|mu|nu|rho|sigma|tau|phi|omega)(?![a-zA-Z])")
 _TEXT = re.compile(r"\\(?:text|mathrm|operatorname)\{([^}]*)\}")
 _SYMBOLS = {r"\|": "||", r"\le": "<=", r"\ge": ">=", r"\cdot": "*", r"\_": "_", r"\,": " ", r"\sqrt": "sqrt",
@@ -44,21 +38,19 @@ _SYMBOLS = {r"\|": "||", r"\le": "<=", r"\ge": ">=", r"\cdot": "*", r"\_": "_", 
 def plain_words(text: str) -> str:
     """Sphinx/reST markup of a docstring as plain text (for terminal help)."""
     text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
-    text = _TEXT.sub(r"\1", _LITERAL.sub(r"\1", text))
-    text = _GREEK.sub(r"\1", text)
+    text = _GREEK.sub(r"\1", _TEXT.sub(r"\1", _LITERAL.sub(r"\1", text)))
     for symbol, plain in _SYMBOLS.items():
         text = text.replace(symbol, plain)
     return text
 
 
-#: the help column's least width: the longest word of ``--help-all`` (a class path in a type) fits it,
-#: so argparse's wrapping never cuts one ("lit_const rained.callbacks...")
+#: the help column's least width: the longest word of ``--help-all`` (a class path) fits it, so argparse's
+#: wrapping never cuts one ("lit_const rained.callbacks...")
 HELP_COLUMN = 100
 
 
 class PlainHelpFormatter(DefaultHelpFormatter):
-    """jsonargparse's help formatter, as wide as the terminal but at least :data:`HELP_COLUMN` columns of
-    help text (argparse's public ``width`` argument)."""
+    """jsonargparse's help formatter, at least :data:`HELP_COLUMN` wide (argparse's public ``width``)."""
 
     def __init__(self, prog: str, **kwargs: Any) -> None:
         position = kwargs.get("max_help_position", 24)
@@ -66,24 +58,16 @@ class PlainHelpFormatter(DefaultHelpFormatter):
         super().__init__(prog, **kwargs)
 
 
-def _load(text: str) -> Any:
-    """jsonargparse's YAML loader, with the value ``None`` read as null (see the module docstring)."""
-    return None if text.strip() == "None" else _YAML(text)
-
-
-_YAML = get_loader("yaml")
-PARSER_MODE = "lit_constrained_yaml"
-set_loader(PARSER_MODE, _load, exceptions=(__import__("yaml").YAMLError,))
+_YAML, PARSER_MODE = get_loader("yaml"), "lit_constrained_yaml"
+set_loader(PARSER_MODE, lambda text: None if text.strip() == "None" else _YAML(text),  # (the module docstring)
+           exceptions=(__import__("yaml").YAMLError,))
 
 DESCRIPTION = "lit-constrained: train networks with hard constraints, inequalities and bounds included (PyTorch Lightning)."
 
 
 class ConstrainedArgumentParser(LightningArgumentParser):
-    """LightningArgumentParser with plain help, abbreviations off, null at any depth and one-line errors.
-
-    The nested parsers jsonargparse makes for class arguments (``--model.optimizer.help``) are of the
-    same class, so they get the same behaviour.
-    """
+    """LightningArgumentParser with plain help, abbreviations off, null at any depth and one-line errors
+    (also in the nested parsers jsonargparse makes for class arguments: they are of this class)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("prog", "lit-constrained")
@@ -103,8 +87,7 @@ class ConstrainedArgumentParser(LightningArgumentParser):
         return super().parse_args(args, *rest, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        """jsonargparse's error without its usage dump: one line, its fix where one is known
-        (:func:`~lit_constrained.cli.fit.hints.phrase_error`) and where the options are listed; exit 2."""
+        """jsonargparse's error as one line with its fix and where the options are listed; exit status 2."""
         if not self.exit_on_error:
             super().error(message, ex)  # raises (jsonargparse's nested parsers catch it)
         # jsonargparse's own error() names the subcommand's parser so (an attribute it sets on the error)
@@ -123,8 +106,7 @@ _OPTIMIZER_OPTION = re.compile(r"^model\.(?:init_args\.)?optimizer(?:\.(.+))?$")
 
 def _split(args: Sequence[str]) -> tuple[list[str], list[str], str | None]:
     """(the options before the subcommand, the subcommand's own up to ``--``, the subcommand)."""
-    end = args.index("--") if "--" in args else len(args)
-    after_config = False
+    end, after_config = args.index("--") if "--" in args else len(args), False
     for index, arg in enumerate(args[:end]):
         if arg in _LIGHTNING_SUBCOMMANDS and not after_config:
             return list(args[:index]), list(args[index + 1:end]), arg
@@ -132,9 +114,15 @@ def _split(args: Sequence[str]) -> tuple[list[str], list[str], str | None]:
     return [], list(args[:end]), None
 
 
-def _model_sections(args: Sequence[str]) -> list[dict]:
-    """The ``model`` sections of the configs ``args`` gives (a top-level config's subcommand section),
-    in order; [] where a config cannot be read (its error is the parser's to report)."""
+def _options(own: Sequence[str]) -> list[tuple[int, str, str]]:
+    """(index, name, value) of the ``--name value`` / ``--name=value`` options of ``own``."""
+    return [(i, a[2:].partition("=")[0], a.partition("=")[2] if "=" in a else (own[i + 1] if i + 1 < len(own) else ""))
+            for i, a in enumerate(own) if a.startswith("--")]
+
+
+def _models(args: Sequence[str]) -> list[dict]:
+    """The ``model`` sections of the configs ``args`` gives (of a top-level one: its subcommand's), in
+    order; [] where one cannot be read (its error is the parser's to report)."""
     import yaml
 
     top, own, subcommand = _split(args)
@@ -147,18 +135,12 @@ def _model_sections(args: Sequence[str]) -> list[dict]:
     return [s["model"] for s in sections if isinstance(s, dict) and isinstance(s.get("model"), dict)]
 
 
-def _options(own: Sequence[str]) -> list[tuple[int, str, str]]:
-    """(index, name, value) of the ``--name value`` / ``--name=value`` options of ``own``."""
-    found = []
-    for index, arg in enumerate(own):
-        if arg.startswith("--"):
-            name, equals, value = arg[2:].partition("=")
-            found.append((index, name, value if equals else (own[index + 1] if index + 1 < len(own) else "")))
-    return found
+def _optimizer_of(model: dict) -> Any:
+    return model.get("optimizer", (model.get("init_args") or {}).get("optimizer"))
 
 
 def _class(path: str) -> type | None:
-    """The class of a class path or an optimizer's short name, importing it (None: not found)."""
+    """The class of a class path or an optimizer's short name, imported (None: not found)."""
     if "." not in path:
         from lit_constrained.module_parts.optimizer_arguments import optimizer_classes
 
@@ -171,36 +153,26 @@ def _class(path: str) -> type | None:
         return None
 
 
-def _optimizer_of(model: dict) -> Any:
-    return model.get("optimizer", (model.get("init_args") or {}).get("optimizer"))
-
-
 def _same(a: Any, b: Any) -> bool:
-    """Equal, a YAML list and a tuple default alike."""
     return list(a) == list(b) if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) else a == b
 
 
 def check_no_dropped_init_args(args: Sequence[str]) -> str | None:
     """The error where a bare optimizer class on the command line (``--model.optimizer torch.optim.Adam``)
-    replaces the config's optimizer and would drop init args the config set for it (those the new class
-    does not take, at values other than the old class's defaults); None otherwise."""
-    _, own, _ = _split([str(a) for a in args])
-    switched = [(n, v) for _, n, v in _options(own) if (m := _OPTIMIZER_OPTION.match(n)) and m.group(1) in (None, "class_path")
-                and not v.lstrip().startswith("{")]
-    optimizers = [_optimizer_of(m) for m in _model_sections(args)]
-    old = next((o for o in optimizers[::-1] if isinstance(o, dict) and o.get("init_args")), None)
+    replaces the config's and would drop init args the config set (those the new class does not take, at
+    values other than the old class's defaults: jsonargparse drops them silently); None otherwise."""
+    switched = [(n, v) for _, n, v in _options(_split(args)[1]) if (m := _OPTIMIZER_OPTION.match(n))
+                and m.group(1) in (None, "class_path") and not v.lstrip().startswith("{")]
+    old = next((o for o in map(_optimizer_of, _models(args)[::-1]) if isinstance(o, dict) and o.get("init_args")), None)
     if not switched or old is None:
         return None
     new, old_class = _class(switched[-1][1]), _class(str(old.get("class_path")))
     if new is None or old_class is None or new is old_class:
         return None
-    taken = inspect.signature(new).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in taken.values()):
-        return None
-    defaults = inspect.signature(old_class).parameters
+    taken, defaults = inspect.signature(new).parameters, inspect.signature(old_class).parameters
     dropped = {k: v for k, v in old["init_args"].items()
                if k not in taken and (k not in defaults or not _same(defaults[k].default, v))}
-    if not dropped:
+    if not dropped or any(p.kind is p.VAR_KEYWORD for p in taken.values()):
         return None
     return (f"--{switched[-1][0]} {switched[-1][1]} would drop init args the config sets for {old_class.__name__}: "
             f"{new.__name__} does not take {dropped}; give the new class with all its arguments instead, e.g. "
@@ -208,16 +180,15 @@ def check_no_dropped_init_args(args: Sequence[str]) -> str | None:
 
 
 def with_the_default_optimizer(args: Sequence[str], default_class_path: str) -> list[str]:
-    """``args`` (a LightningCLI command line) with ``--model.init_args.optimizer=<default_class_path>``
-    inserted before the first option that sets an argument of the model's optimizer
-    (``--model.init_args.optimizer.init_args.lr 1e-2``, or ``--model.optimizer.lr``, ...) when nothing
-    names the optimizer's class: no config gives the model an ``optimizer``, no option names one, and the
-    task's ``__init__`` has no ``optimizer`` default of its own.
+    """``args`` with ``--model.init_args.optimizer=<default_class_path>`` inserted before the first option
+    that sets an argument of the model's optimizer (``--model.init_args.optimizer.init_args.lr 1e-2``,
+    ``--model.optimizer.lr``, ...) when nothing names the optimizer's class: no config or option, nor the
+    task's own ``__init__`` (an ``optimizer`` default of its own).
 
-    Why: ConstrainedModule's default optimizer is a function (a config naming another class then starts
-    from that class's own defaults; a class-path default would carry SQP-Adam's eps into torch's Adam,
-    as jsonargparse keeps the init args a new class takes), and jsonargparse, given an argument for it
-    without a class, takes the annotation's base class ``torch.optim.Optimizer``, which takes no ``lr``."""
+    Why: ConstrainedModule's default optimizer is a function, and jsonargparse, given an argument for it
+    without a class, takes the annotation's base class ``torch.optim.Optimizer`` (no ``lr``). A class-path
+    default (which jsonargparse would understand) is the module's to give: as jsonargparse keeps the init
+    args a new class takes, it would carry SQP-Adam's eps (1e-7) into a config's torch.optim.Adam."""
     args = [str(a) for a in args]
     top, own, subcommand = _split(args)
     first = None
@@ -225,29 +196,20 @@ def with_the_default_optimizer(args: Sequence[str], default_class_path: str) -> 
         match = _OPTIMIZER_OPTION.match(name)
         if (name in ("model", "model.init_args") and "optimizer" in value) or (match and match.group(1) in (None, "class_path")):
             return args  # the class is named on the command line
-        if match and match.group(1) != "help" and first is None:
-            first = index
-    if first is None:
-        return args
-    if any(config_paths(top + own)) and not all(os.path.isfile(p) for p in config_paths(top + own)):
-        return args  # a missing config: the parser's error
-    models = _model_sections(args)
-    if any(_optimizer_of(m) is not None for m in models):
+        first = index if match and match.group(1) != "help" and first is None else first
+    models = _models(args)
+    if first is None or not all(os.path.isfile(p) for p in config_paths(top + own)) or any(map(_optimizer_of, models)):
         return args
     task = _class(str(models[-1].get("class_path"))) if models and models[-1].get("class_path") else None
     if task is not None and "__init__" in vars(task) and "optimizer" in inspect.signature(task.__init__).parameters:
         return args  # the task's __init__ has an optimizer default of its own
-    offset = len(top) + (1 if subcommand else 0)
-    return [*args[:offset + first], f"--model.init_args.optimizer={default_class_path}", *args[offset + first:]]
+    offset = len(top) + (1 if subcommand else 0) + first
+    return [*args[:offset], f"--model.init_args.optimizer={default_class_path}", *args[offset:]]
 
 
 class RunConfigSaver(SaveConfigCallback):
-    """Saves the resolved config as ``config.yaml`` in the run's log directory, never over a file.
-
-    With a logger, each run has its own version directory (stock LightningCLI behaviour). Without a
-    logger (``--trainer.logger false``) there is no run directory, and the working directory may hold
-    the user's own ``config.yaml``: nothing is written then (``--print_config`` shows the config).
-    """
+    """Saves the resolved config as ``config.yaml`` in the run's own log directory; without a logger there
+    is none (the working directory may hold the user's ``config.yaml``): nothing is written then."""
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if trainer.logger is None:
