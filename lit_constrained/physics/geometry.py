@@ -34,7 +34,9 @@ Every :class:`Geometry` has
 * ``interior(n, method, seed, dtype)``, ``boundary(n, method, seed, dtype)`` (points) and
   ``boundary_sample(n, method, seed, dtype)`` (a :class:`BoundarySample`: the same points and their
   outward unit normals);
-* the operators ``-``, ``|``, ``&`` (:mod:`~lit_constrained.physics.csg`).
+* the operators ``-``, ``|``, ``&`` (:mod:`~lit_constrained.physics.csg`);
+* the conditions ``dirichlet``, ``neumann``, ``periodic`` (:mod:`~lit_constrained.physics.conditions`):
+  imposed parts on its boundary.
 
 Boundary sampling in 2D parametrizes each piece's boundary curve by arc length :math:`s \in [0, L)` (a
 measure-preserving map of :math:`[0, 1)`), so the boundary of the whole domain is a union of parameter
@@ -55,6 +57,8 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 import numpy as np
 import torch
 from torch import Tensor
+
+from lit_constrained.physics.conditions import Conditions
 
 if TYPE_CHECKING:
     from lit_constrained.physics.csg import Difference, Intersection, Union
@@ -159,7 +163,7 @@ class BoundarySample(NamedTuple):
         return packed[:, :dim], packed[:, dim:]
 
 
-class Geometry(ABC):
+class Geometry(Conditions, ABC):
     r"""A closed domain :math:`\Omega \subset \mathbb{R}^d`: the shared API (see the module docstring).
 
     A subclass implements ``dim``, ``names``, ``bounds``, ``measure``, ``boundary_measure``,
