@@ -46,8 +46,7 @@ config (mytask.py) is found from the working directory: class_path: mytask.MyTas
 
 
 class _CommandParser(argparse.ArgumentParser):
-    """The top-level parser: a bare ``--print_config`` takes no value (as in jsonargparse, which reads it
-    as ``--print_config=``), so ``--print_config fit`` leaves ``fit`` to be the subcommand."""
+    """The top-level parser: a bare ``--print_config`` takes no value (jsonargparse reads ``--print_config=``)."""
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         return super().parse_known_args(bare_print_config_as_empty(sys.argv[1:] if args is None else args),
@@ -70,10 +69,8 @@ def bare_print_config_as_empty(argv: Sequence[str]) -> list[str]:
 
 def parser() -> argparse.ArgumentParser:
     """The command line of ``lit-constrained`` (the Lightning subcommands' own options are theirs)."""
-    p = _CommandParser(
-        prog=PROG, description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = _CommandParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-c", "--config", action="append", default=[], metavar="CONFIG",
                    help="a config with one section per subcommand (fit: ..., test: ...); for fit, validate, "
                         "test and predict (a subcommand's own --config takes that subcommand's config)")
@@ -87,28 +84,22 @@ def parser() -> argparse.ArgumentParser:
         # parser can start an option, so "--config" and "--help" are plain values of "args"
         lightning = subcommands.add_parser(name, help=summary, add_help=False, prefix_chars="\0")
         lightning.add_argument("args", nargs=argparse.REMAINDER)
-    comparison = subcommands.add_parser(
-        "compare", help=compare.SUMMARY, description=compare.DESCRIPTION, prog=f"{PROG} compare",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    compare.add_arguments(comparison)
+    compare.add_arguments(subcommands.add_parser("compare", help=compare.SUMMARY, description=compare.DESCRIPTION,
+                                                 prog=f"{PROG} compare", formatter_class=argparse.ArgumentDefaultsHelpFormatter))
     return p
 
 
 def something_to_run(args: Sequence[str], top_level_configs: Sequence[str]) -> bool:
-    """Whether a subcommand's ``args`` give anything at all (else LightningCLI's answer would be "required:
-    fit.data, fit.model", after seconds; options without a config get that answer phrased so, from the fit
-    layer, which first tells an option's own mistake)."""
+    """Whether a subcommand's ``args`` give anything (else: :data:`~lit_constrained.cli.help.NO_CONFIG` at
+    once; options without a config get it from the fit layer, after an option's own mistake)."""
     return bool(top_level_configs) or any(arg.startswith("-") for arg in args)
 
 
 def lightning_options(args: argparse.Namespace) -> list[str]:
     """LightningCLI's options before the subcommand, as they were given (``--config``, ``--print_config``)."""
-    options = [option for path in args.config for option in ("--config", path)]
-    if args.print_config is not None:
-        flags = args.print_config[0]
-        options.append(f"--print_config={flags}" if flags else "--print_config")
-    return options
+    flags = args.print_config[0] if args.print_config is not None else None
+    return [o for path in args.config for o in ("--config", path)] + (
+        [] if flags is None else [f"--print_config={flags}" if flags else "--print_config"])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -141,7 +132,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         fit.run_fit(rest, top_level=lightning_options(args))
     else:
         fit.main([*lightning_options(args), args.subcommand, *rest])
-
-
-if __name__ == "__main__":
-    main()

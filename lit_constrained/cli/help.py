@@ -21,8 +21,8 @@ TRAINER_EXAMPLES = ("max_epochs 100", "devices 2", "precision bf16-mixed", "logg
 
 def optimizer_names(module: object) -> list[str]:
     """The optimizer classes a module of the package exports (those of its ``__all__`` taking an ``lr``)."""
-    return sorted(name for name in getattr(module, "__all__", ()) if isinstance(getattr(module, name), type)
-                  and "lr" in inspect.signature(getattr(module, name)).parameters)
+    return sorted(n for n, c in vars(module).items() if n in module.__all__ and isinstance(c, type)
+                  and "lr" in inspect.signature(c).parameters)
 
 
 def short_fit_help() -> str:

@@ -62,8 +62,7 @@ class ConstrainedCLI(LightningCLI):
         :func:`check_trusted_checkpoint` (before LightningCLI reads, importing, the checkpoint's names)."""
         if isinstance(args, (list, tuple)) or args is None:
             given = list(sys.argv[1:] if args is None else args)
-            dropped = check_no_dropped_init_args(given)
-            if dropped:
+            if dropped := check_no_dropped_init_args(given):
                 parser.argv = given  # (the error's words name the subcommand)
                 parser.error(dropped)
             named = with_the_default_optimizer(given, DEFAULT_OPTIMIZER["class_path"])
@@ -81,18 +80,19 @@ class ConstrainedCLI(LightningCLI):
         rolling crash-safe ``last.ckpt`` and a stop on SIGTERM/SIGINT agreed by every rank unless configured
         (:func:`~lit_constrained.callbacks.checkpointing.with_default_checkpoint`), a LauncherWatchdog, and a
         line-per-interval progress report when stdout is not a terminal (unless a bar is configured or off)."""
-        config = self._with_default_logger({**self._subcommand_config().get("trainer", {}), **kwargs})
+        section = self.config_init.get(str(self.subcommand), self.config_init)  # the running subcommand's
+        config = self._with_default_logger({**section.get("trainer", {}), **kwargs})
         if "logger" in config:
             kwargs["logger"] = config["logger"]
         callbacks = with_default_checkpoint(config)
         callbacks = _as_list(config.get("callbacks")) if callbacks is None else callbacks
-        if not any(isinstance(c, LauncherWatchdog) for c in callbacks):
-            callbacks = [*callbacks, LauncherWatchdog()]
+        callbacks += [] if any(isinstance(c, LauncherWatchdog) for c in callbacks) else [LauncherWatchdog()]
+        # the callbacks LightningCLI adds: the subcommand's own callback arguments and trainer_defaults'
+        added = [*(v for v in section.values() if isinstance(v, pl.Callback)), *_as_list(self.trainer_defaults.get("callbacks"))]
         if (not sys.stdout.isatty() and config.get("enable_progress_bar", True) is not False
-                and not any(isinstance(c, pl.callbacks.ProgressBar) for c in [*callbacks, *self._other_callbacks()])):
+                and not any(isinstance(c, pl.callbacks.ProgressBar) for c in [*callbacks, *added])):
             callbacks = [*callbacks, LineProgress()]
-        kwargs["callbacks"] = callbacks
-        return super().instantiate_trainer(**kwargs)
+        return super().instantiate_trainer(**{**kwargs, "callbacks": callbacks})
 
     def _with_default_logger(self, config: dict[str, Any]) -> dict[str, Any]:
         """``config`` with ``logger`` unset (None, True) the package's TensorBoard logger (``lightning_logs/<task>/
@@ -100,16 +100,6 @@ class ConstrainedCLI(LightningCLI):
         if config.get("logger") in (None, True) and isinstance(getattr(self, "model", None), ConstrainedModule):
             config = {**config, "logger": default_logger(self.model, config.get("default_root_dir"))}
         return config
-
-    def _subcommand_config(self) -> Namespace:
-        """The instantiated config of the running subcommand (the whole config when there is none)."""
-        return self.config_init.get(str(self.subcommand), self.config_init)
-
-    def _other_callbacks(self) -> list[Any]:
-        """The callbacks LightningCLI adds besides ``trainer.callbacks``: the subcommand's own callback
-        arguments (instantiated at the top level of its config) and ``trainer_defaults``'."""
-        own = [value for value in self._subcommand_config().values() if isinstance(value, pl.Callback)]
-        return [*own, *_as_list(self.trainer_defaults.get("callbacks"))]
 
     def before_fit(self) -> None:
         """``--ckpt_path last`` without a last checkpoint is an error (``last-or-fresh`` starts fresh)."""
@@ -136,13 +126,10 @@ def check_trainer_settings(config: dict[str, Any], task_name: str, asked: pl.Cal
         accumulate_grad_batches=config.get("accumulate_grad_batches") or 1), task_name)
 
 
-class QuietStart(logging.Filter):
-    """Drops Lightning's start-up lines that tell nothing: an accelerator that is not there ("TPU
-    available: False, using: 0 TPU cores") and its advertising tips; a GPU that is there is still said."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (re.match(r"[GTH]PU available: False", message) or message.startswith("\N{ELECTRIC LIGHT BULB} Tip:"))
+def quiet_start(record: logging.LogRecord) -> bool:
+    """A logging filter without Lightning's start-up lines that tell nothing: an accelerator that is not
+    there ("TPU available: False, using: 0 TPU cores") and its tips; a GPU that is there is still said."""
+    return not re.match(r"[GTH]PU available: False|\N{ELECTRIC LIGHT BULB} Tip:", record.getMessage())
 
 
 #: warnings the command line does not show: the seed chosen (the next line, "Seed set to 0", says it),
@@ -171,15 +158,12 @@ def main(args: Sequence[str] | None = None) -> None:
     ``sys.argv[1:]``) in this process. A :class:`~lit_constrained.hints.SetupError` and the package's own
     validation errors (:func:`is_package_validation_error`; ``LIT_CONSTRAINED_TRACEBACK`` set: the traceback)
     are one line and exit 2; a user's own error keeps its traceback; files that cannot be written any more:
-    one line, exit 1. Without Lightning's empty start-up lines (:class:`QuietStart`, :data:`QUIET_WARNINGS`)."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)  # modules next to the user (class_path: mytask.MyTask), as python -m does
-    quiet = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # Lightning's start-up lines
-    if not any(isinstance(f, QuietStart) for f in quiet.filters):
-        quiet.addFilter(QuietStart())
+    one line, exit 1. Without Lightning's empty start-up lines (:func:`quiet_start`, :data:`QUIET_WARNINGS`)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # modules next to the user (class_path: mytask.MyTask), as python -m does
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(quiet_start)  # (added once: a set)
     given = list(sys.argv[1:] if args is None else args)
-    grouped_before = process_group_exists()
+    grouped_before = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
         with warnings.catch_warnings():
             for message in QUIET_WARNINGS:
@@ -204,8 +188,7 @@ TRACEBACK_VARIABLE = "LIT_CONSTRAINED_TRACEBACK"
 
 #: the exception types the package's validation raises (``Imposed``, ``optim.checks``, non-finite values,
 #: ``MissingCheckpointError``, a FileNotFoundError); one is the package's only when its code raised it
-PACKAGE_VALIDATION_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, FileNotFoundError,
-                                                            FloatingPointError)
+PACKAGE_VALIDATION_ERRORS = (ValueError, TypeError, FileNotFoundError, FloatingPointError)
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -225,13 +208,8 @@ def end_process_group(grouped_before: bool) -> None:
     """Destroy the process group this run made (not the caller's) once every rank ended the fit: left to the
     interpreter's exit, gloo's threads can abort a rank that succeeded (pytorch/pytorch#190489). Only on an
     agreed end: after an error on one rank the others may still be inside a collective."""
-    if not grouped_before and process_group_exists():
+    if not grouped_before and torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-
-
-def process_group_exists() -> bool:
-    """Whether this process is in a ``torch.distributed`` process group."""
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def run_fit(args: Sequence[str] = (), top_level: Sequence[str] = ()) -> None:

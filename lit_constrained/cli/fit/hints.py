@@ -82,8 +82,8 @@ def _described(annotation: Any) -> tuple[str, list[str]]:
 
 
 def _parameter(class_path: str, name: str) -> tuple[type, inspect.Parameter, Any] | None:
-    """(the class, its ``name`` parameter, its annotation) of ``class_path`` (a task's ``**kwargs``
-    followed to ConstrainedModule); None where it takes no such argument or it cannot be read."""
+    """(the class, its ``name`` parameter, its annotation) of ``class_path`` (a task's ``**kwargs`` followed
+    to ConstrainedModule), or None."""
     try:
         cls = import_class(class_path)
         for owner in (cls, ConstrainedModule) if issubclass(cls, ConstrainedModule) else (cls,):
@@ -116,10 +116,8 @@ def _bad_value(message: str, argv: Sequence[str], subcommand: str) -> str | None
 
 
 def _not_accepted(message: str, argv: Sequence[str], subcommand: str) -> str | None:
-    """An argument a class does not take: a task given one of ConstrainedModule's must pass ``**kwargs``
-    on (:func:`~lit_constrained.hints.task_kwargs_hint`), an optimizer's names the optimizers that take it
-    (:func:`~lit_constrained.module_parts.optimizer_arguments.optimizer_argument_hint`), another class's
-    the nearest it takes."""
+    """An argument a class does not take: a task given ConstrainedModule's must pass ``**kwargs`` on, an
+    optimizer's names the optimizers that take it, another class's the nearest it takes."""
     found = re.findall(r"class_path '([\w.]+)':\s*Option '(\w+)' is not accepted", message)
     found += [(c, a) for a, c in re.findall(r"Option '(\w+)' is not accepted\. Got value: Namespace\(class_path='([\w.]+)'",
                                             message)]

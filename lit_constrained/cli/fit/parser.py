@@ -121,8 +121,7 @@ def _options(own: Sequence[str]) -> list[tuple[int, str, str]]:
 
 
 def _models(args: Sequence[str]) -> list[dict]:
-    """The ``model`` sections of the configs ``args`` gives (of a top-level one: its subcommand's), in
-    order; [] where one cannot be read (its error is the parser's to report)."""
+    """The ``model`` sections of the configs ``args`` gives, in order ([] for one unreadable: the parser's)."""
     import yaml
 
     top, own, subcommand = _split(args)
@@ -140,7 +139,7 @@ def _optimizer_of(model: dict) -> Any:
 
 
 def _class(path: str) -> type | None:
-    """The class of a class path or an optimizer's short name, imported (None: not found)."""
+    """The class of a class path or an optimizer's short name (None: not found)."""
     if "." not in path:
         from lit_constrained.module_parts.optimizer_arguments import optimizer_classes
 
@@ -158,9 +157,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def check_no_dropped_init_args(args: Sequence[str]) -> str | None:
-    """The error where a bare optimizer class on the command line (``--model.optimizer torch.optim.Adam``)
-    replaces the config's and would drop init args the config set (those the new class does not take, at
-    values other than the old class's defaults: jsonargparse drops them silently); None otherwise."""
+    """The error for a bare optimizer class on the command line (``--model.optimizer torch.optim.Adam``) that
+    would drop init args the config set at other than their defaults (jsonargparse drops them silently)."""
     switched = [(n, v) for _, n, v in _options(_split(args)[1]) if (m := _OPTIMIZER_OPTION.match(n))
                 and m.group(1) in (None, "class_path") and not v.lstrip().startswith("{")]
     old = next((o for o in map(_optimizer_of, _models(args)[::-1]) if isinstance(o, dict) and o.get("init_args")), None)
@@ -180,15 +178,12 @@ def check_no_dropped_init_args(args: Sequence[str]) -> str | None:
 
 
 def with_the_default_optimizer(args: Sequence[str], default_class_path: str) -> list[str]:
-    """``args`` with ``--model.init_args.optimizer=<default_class_path>`` inserted before the first option
-    that sets an argument of the model's optimizer (``--model.init_args.optimizer.init_args.lr 1e-2``,
-    ``--model.optimizer.lr``, ...) when nothing names the optimizer's class: no config or option, nor the
-    task's own ``__init__`` (an ``optimizer`` default of its own).
-
-    Why: ConstrainedModule's default optimizer is a function, and jsonargparse, given an argument for it
-    without a class, takes the annotation's base class ``torch.optim.Optimizer`` (no ``lr``). A class-path
-    default (which jsonargparse would understand) is the module's to give: as jsonargparse keeps the init
-    args a new class takes, it would carry SQP-Adam's eps (1e-7) into a config's torch.optim.Adam."""
+    """``args`` with ``--model.init_args.optimizer=<default_class_path>`` before the first option setting an
+    argument of the model's optimizer (``--model.optimizer.lr 1e-2``) when no config, option or task
+    ``__init__`` names the class. Why: ConstrainedModule's default optimizer is a function, so jsonargparse
+    gives such an argument to the annotation's base class ``torch.optim.Optimizer`` (no ``lr``). A class-path
+    default is the module's to give, and jsonargparse would carry its init args into another class a config
+    names (SQP-Adam's eps 1e-7 into torch.optim.Adam: it keeps those the new class takes)."""
     args = [str(a) for a in args]
     top, own, subcommand = _split(args)
     first = None
