@@ -1,9 +1,9 @@
 """Physics-informed building blocks: differential operators of a pointwise field with respect to its
 input coordinates (:mod:`~lit_constrained.physics.operators`, built on :mod:`torch.func`, so they work
-both on ordinary batches and inside ``vmap`` / ``jacrev`` over points), seeded collocation points in
-a box (:mod:`~lit_constrained.physics.collocation`), disks, balls and polygons
+both on ordinary batches and inside ``vmap`` / ``jacrev`` over points), seeded points of the unit cube by a
+sampling method (:mod:`~lit_constrained.physics.collocation`), boxes, disks, balls and polygons
 (:mod:`~lit_constrained.physics.shapes`), their differences, unions and intersections
-(:mod:`~lit_constrained.physics.csg`) with outward unit normals (:mod:`~lit_constrained.physics.geometry`)
+with outward unit normals (:mod:`~lit_constrained.physics.geometry`)
 and space-time cylinders (:mod:`~lit_constrained.physics.spacetime`).
 
 Example (the residual of -Δu = f at collocation points of the unit square)::
@@ -14,10 +14,9 @@ Example (the residual of -Δu = f at collocation points of the unit square)::
     residual = -laplacian(lambda x: net(x)[:, 0], x) - f(x)
 """
 
-from lit_constrained.physics.collocation import SAMPLING_METHODS, Box, SamplingMethod, unit_cube_sample
-from lit_constrained.physics.csg import Difference, Intersection, Union
-from lit_constrained.physics.geometry import BoundarySample, Geometry
-from lit_constrained.physics.shapes import Ball, Disk, Polygon
+from lit_constrained.physics.collocation import SAMPLING_METHODS, SamplingMethod, unit_cube_sample
+from lit_constrained.physics.geometry import BoundarySample, Difference, Geometry, Intersection, Union
+from lit_constrained.physics.shapes import Ball, Box, Disk, Polygon
 from lit_constrained.physics.spacetime import SpaceTime
 from lit_constrained.physics.operators import (
     Coordinate, FieldDerivatives, coordinate_index, default_names, derivatives, divergence, gradient, hessian,

@@ -262,7 +262,7 @@ def normal_derivative(
     ``normal_derivative(u, x, n) - g``, a Robin one ``alpha * u(x) + beta * normal_derivative(u, x, n) - g``.
     Inside a transform: one forward-mode ``jvp`` along each point's normal (under ``vmap`` over the
     points and their normals), so it runs in the per-point Jacobian (the normals travel with the
-    points: :meth:`~lit_constrained.physics.geometry.BoundarySample.packed`).
+    points as the part's data: ``Imposed(..., data=normals)``, or a geometry's ``neumann``).
     """
     dim = _check_points(x)
     axes = _dims(dims, dim, names)

@@ -7,8 +7,14 @@ r"""The space-time cylinder :math:`\Omega \times [t_0, t_1]` of a geometry :math
   with the spatial outward normals :math:`(n_x, 0)` (a time-dependent Dirichlet, Neumann or Robin
   condition); ``final(n)`` the slice at :math:`t_1`.
 
-Measures: :math:`|\Omega|(t_1 - t_0)` and the lateral :math:`|\partial\Omega|(t_1 - t_0)`. The time is
-the last coordinate, named ``time_name`` (default ``"t"``).
+A :class:`~lit_constrained.physics.geometry.Geometry` of dimension d + 1: ``measure``
+:math:`|\Omega|(t_1 - t_0)`; ``boundary_measure`` (= ``lateral_measure``) the lateral
+:math:`|\partial\Omega|(t_1 - t_0)`, the boundary that ``boundary_sample`` draws from (the slices are
+``initial`` and ``final``); ``signed_distance`` the cylinder's, exact where the geometry's is,
+:math:`\|\max(q, 0)\| + \min(\max_i q_i, 0)` with :math:`q = (\mathrm{sd}_\Omega(x), |t - t_c| - \tau)`
+(:math:`t_c` the interval's middle, :math:`\tau` its half-length); ``normal`` the nearest piece's:
+:math:`(n_\Omega(x), 0)` on the lateral boundary, :math:`(0, \pm 1)` nearer a slice. The time is the last
+coordinate, named ``time_name`` (default ``"t"``).
 
 Example:
     >>> from lit_constrained.physics import Disk, SpaceTime
@@ -27,15 +33,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lit_constrained.physics.geometry import (
-    BoundarySample, Geometry, SamplingMethod, _check_count, _no_grid, unit_interval_sample,
-)
+from lit_constrained.physics.collocation import SamplingMethod, _check_count, _no_grid, unit_interval_sample
+from lit_constrained.physics.geometry import BoundarySample, Geometry
 
 __all__ = ["SpaceTime"]
 
 
 @dataclass(frozen=True)
-class SpaceTime:
+class SpaceTime(Geometry):
     r""":math:`\Omega \times [t_0, t_1]`.
 
     Args:
@@ -78,7 +83,43 @@ class SpaceTime:
 
     @property
     def lateral_measure(self) -> float:
+        r""":math:`|\partial\Omega|(t_1 - t_0)`."""
         return self.geometry.boundary_measure * self.duration
+
+    @property
+    def boundary_measure(self) -> float:
+        """The lateral boundary's measure (the boundary :meth:`boundary_sample` draws from)."""
+        return self.lateral_measure
+
+    @property
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        lower, upper = self.geometry.bounds
+        return np.append(lower, self.interval[0]), np.append(upper, self.interval[1])
+
+    def _offsets(self, x: np.ndarray) -> np.ndarray:
+        """q = (sd_Omega(x), |t - t_c| - tau) at numpy points (N, d + 1): (N, 2)."""
+        middle, half = 0.5 * (self.interval[0] + self.interval[1]), 0.5 * self.duration
+        return np.stack([self.geometry._signed_distance(x[:, :-1]), np.abs(x[:, -1] - middle) - half], axis=1)
+
+    def _signed_distance(self, x: np.ndarray) -> np.ndarray:
+        q = self._offsets(x)
+        outside = np.linalg.norm(np.maximum(q, 0.0), axis=1)
+        return outside + np.minimum(q.max(axis=1), 0.0)
+
+    def _normal(self, x: np.ndarray) -> np.ndarray:
+        """(n_Omega(x), 0) where the lateral boundary is the nearer (ties: lateral), else (0, ±1)."""
+        q = self._offsets(x)
+        lateral = q[:, 0] >= q[:, 1]
+        normals = np.zeros_like(x)
+        normals[:, :-1] = np.where(lateral[:, None], self.geometry._normal(x[:, :-1]), 0.0)
+        middle = 0.5 * (self.interval[0] + self.interval[1])
+        normals[:, -1] = np.where(lateral, 0.0, np.where(x[:, -1] >= middle, 1.0, -1.0))
+        return normals
+
+    def _boundary_numpy(self, n: int, method: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """The lateral boundary's points and normals (for a constructive geometry of cylinders)."""
+        points, normals = self.boundary_sample(n, method, int(rng.integers(2**63)))
+        return points.numpy(), normals.numpy()
 
     def _times(self, n: int, method: str, stream: np.random.SeedSequence) -> np.ndarray:
         unit = unit_interval_sample(n, method, np.random.default_rng(stream))
@@ -117,8 +158,3 @@ class SpaceTime:
         space, time = np.random.SeedSequence(seed).spawn(2)
         x, normals = self.geometry.boundary_sample(n, method, int(space.generate_state(1)[0]), dtype)
         return BoundarySample(self._with_time(x, self._times(n, method, time)), self._with_time(normals, 0.0))
-
-    def boundary(self, n: int, method: SamplingMethod = "uniform", seed: int = 0,
-                 dtype: torch.dtype = torch.float64) -> Tensor:
-        """The points of :meth:`boundary_sample` (the lateral boundary)."""
-        return self.boundary_sample(n, method, seed, dtype).points

@@ -114,7 +114,7 @@ def burgers_points(
     arrays: dict[str, Any] = {}
     arrays |= sets("pde", lambda n, s: DOMAIN.interior(n, method, s), n_pde, n_pde_imposed)
     arrays |= sets("boundary", lambda n, s: DOMAIN.boundary(n, method, s, dims=("x",)), n_boundary, n_boundary_imposed)
-    arrays |= sets("initial", lambda n, s: DOMAIN.initial(n, "t", method, s), n_initial, n_initial_imposed)
+    arrays |= sets("initial", lambda n, s: DOMAIN.initial(n, method, s, time="t"), n_initial, n_initial_imposed)
     x_test = DOMAIN.grid((n_test_x, n_test_t)).numpy()
     arrays["x_test"] = x_test
     arrays["u_test"] = burgers_exact(x_test[:, 0], x_test[:, 1])

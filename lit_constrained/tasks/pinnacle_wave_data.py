@@ -64,7 +64,7 @@ def wave_points(
     samplers = {
         "pde": (lambda n, s: DOMAIN.interior(n, method, s), n_pde, n_pde_imposed),
         "boundary": (lambda n, s: DOMAIN.boundary(n, method, s, dims=("x",)), n_boundary, n_boundary_imposed),
-        "initial": (lambda n, s: DOMAIN.initial(n, "t", method, s), n_initial, n_initial_imposed),
+        "initial": (lambda n, s: DOMAIN.initial(n, method, s, time="t"), n_initial, n_initial_imposed),
     }
     arrays: dict[str, Any] = {}
     for name, (sample, n, n_imposed) in samplers.items():

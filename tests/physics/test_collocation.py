@@ -1,4 +1,5 @@
-"""lit_constrained.physics.collocation: where the points lie, how they are stratified, and reproducibility."""
+"""The box (lit_constrained.physics.shapes.Box) and the collocation samplers: where the points lie, how they
+are stratified, reproducibility, and one argument order across the samplers."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def test_space_time_box_spatial_boundary_and_initial_slice():
     walls = box.boundary(30, "lhs", seed=0, dims=("x",))
     assert bool(((walls[:, 0] == 0) | (walls[:, 0] == 1)).all())
     assert bool(((walls[:, 1] >= 0) & (walls[:, 1] <= 2)).all()) and int((walls[:, 0] == 0).sum()) == 15
-    start = box.initial(12, "t", "sobol", seed=0)
+    start = box.initial(12, "sobol", seed=0, time="t")
     assert bool((start[:, 1] == 0).all()) and bool(((start[:, 0] >= 0) & (start[:, 0] <= 1)).all())
     assert torch.equal(box.initial(12, method="sobol", seed=0), start)  # time defaults to the last coordinate
     top = box.face("t", "upper", 5, seed=1)
@@ -114,7 +115,7 @@ def test_errors_name_the_fix():
     with pytest.raises(ValueError, match="'lower' or 'upper'"):
         box.face("x", "left", 3)
     with pytest.raises(ValueError, match="Unknown coordinate 't'"):
-        box.initial(3, "t")
+        box.initial(3, time="t")
     with pytest.raises(ValueError, match="2 distinct names"):
         Box((0.0, 0.0), (1.0, 1.0), names=("x", "x"))
 
@@ -158,3 +159,23 @@ def test_box_in_two_dimensions_as_a_piece_of_a_constructive_geometry():
     np.testing.assert_allclose(points, [[0.0, 0.0], [1.5, 0.0], [1.5, 1.0], [0.5, 1.0], [0.0, 0.6]], rtol=0, atol=1e-15)
     assert normals.tolist() == [[0.0, -1.0], [0.0, -1.0], [0.0, 1.0], [0.0, 1.0], [-1.0, 0.0]]
     assert box.measure == 2.0 and box.boundary_measure == 6.0
+
+
+def test_every_sampler_takes_n_method_seed_dtype_in_that_order():
+    """Box.boundary / boundary_sample / initial take (n, method, seed, dtype) positionally, as every geometry's
+    samplers do; the part of the box (dims, time) only by keyword."""
+    import inspect
+
+    from lit_constrained.physics import Disk, Geometry, SpaceTime
+
+    box = Box((0.0, 0.0), (1.0, 2.0), names=("x", "t"))
+    for sampler in (box.interior, box.boundary, box.boundary_sample, box.initial, Disk((0.0, 0.0), 1.0).boundary,
+                    SpaceTime(Disk((0.0, 0.0), 1.0), (0.0, 1.0)).initial, Geometry.boundary_sample):
+        positional = [p.name for p in inspect.signature(sampler).parameters.values()
+                      if p.kind is p.POSITIONAL_OR_KEYWORD and p.name != "self"]
+        assert positional == ["n", "method", "seed", "dtype"], (sampler, positional)
+    walls = box.boundary(8, "lhs", 3, torch.float32, dims=("x",))
+    assert walls.dtype == torch.float32 and bool(((walls[:, 0] == 0) | (walls[:, 0] == 1)).all())
+    assert torch.equal(box.boundary_sample(8, "lhs", 3, torch.float32, dims=("x",)).points, walls)
+    with pytest.raises(TypeError):
+        box.boundary(8, "lhs", 3, torch.float32, ("x",))  # dims only by keyword

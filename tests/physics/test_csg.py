@@ -1,4 +1,4 @@
-"""lit_constrained.physics.csg: differences, unions and intersections against closed-form areas, lengths
+"""lit_constrained.physics.geometry's constructive geometry: differences, unions and intersections against closed-form areas, lengths
 and normals (a plate with holes, a disk cut by an edge, the lens of two disks, an L from two rectangles)."""
 
 from __future__ import annotations
@@ -182,3 +182,16 @@ def test_a_polygon_piece_is_the_same_as_a_box_piece():
     points, normals = by_polygon.boundary_sample(300, "grid")
     assert by_box.signed_distance(points).abs().max() < 1e-14
     torch.testing.assert_close(normals, by_box.normal(points))
+
+
+def test_the_operators_need_no_registry():
+    """geometry.py defines the combinations beside Geometry: a fresh interpreter that imports only the
+    shapes gets a Difference from ``-``, and geometry keeps no table of classes."""
+    import subprocess
+    import sys
+
+    code = ("from lit_constrained.physics.shapes import Box, Disk; import lit_constrained.physics.geometry as g;"
+            "d = Box((0.0, 0.0), (1.0, 1.0)) - Disk((0.5, 0.5), 0.1); "
+            "print(type(d).__module__, type(d).__name__, hasattr(g, 'COMBINATIONS'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["lit_constrained.physics.geometry", "Difference", "False"]

@@ -10,19 +10,16 @@ import pytest
 import torch
 
 from lit_constrained.physics import Box, BoundarySample, Disk, Geometry
-from lit_constrained.physics.geometry import BoundaryCurve, allocate, unit_interval_sample
+from lit_constrained.physics.collocation import allocate, unit_interval_sample
+from lit_constrained.physics.geometry import BoundaryCurve
 
 
-def test_packed_boundary_sample_round_trips():
+def test_a_boundary_sample_is_points_and_normals():
     sample = Disk((0.0, 0.0), 1.0).boundary_sample(5, seed=0)
-    packed = sample.packed()
-    assert packed.shape == (5, 4)
-    points, normals = BoundarySample.unpack(packed, 2)
-    assert torch.equal(points, sample.points) and torch.equal(normals, sample.normals)
+    assert sample.points.shape == sample.normals.shape == (5, 2)
     x, n = sample  # a tuple
     assert torch.equal(x, sample.points) and torch.equal(n, sample.normals)
-    with pytest.raises(ValueError, match=r"shape \(N, 4\)"):
-        BoundarySample.unpack(packed[:, :3], 2)
+    torch.testing.assert_close(n, x)  # the unit circle's outward normal is the point itself
 
 
 def test_allocate_is_proportional_by_largest_remainders_and_exact():

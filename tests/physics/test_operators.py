@@ -321,11 +321,11 @@ def _dense_rows(values: torch.Tensor, params: list[torch.Tensor]) -> torch.Tenso
 
 
 def test_per_point_jacobian_of_boundary_and_time_residuals_equals_the_dense_autograd_jacobian():
-    """Robin (u + 2 du/dn at packed boundary points), the wave equation u_tt - 4 u_xx, the heat equation
+    """Robin (u + 2 du/dn at boundary points, the normals as the part's data), the wave equation u_tt - 4 u_xx, the heat equation
     u_t - (u_xx + u_yy) with a Neumann condition on a space-time cylinder's side, and a periodic pair
     (u and u_x): the per-point engine's torch.func path against rows of plain autograd."""
     from lit_constrained.jacobians.pointwise import pointwise_jacobian
-    from lit_constrained.physics import Box, BoundarySample, Disk, SpaceTime, normal_derivative, periodic_difference
+    from lit_constrained.physics import Box, Disk, SpaceTime, normal_derivative, periodic_difference
 
     plate = Box((0.0, 0.0), (1.0, 1.0)) - Disk((0.5, 0.5), 0.2)
     cylinder = SpaceTime(plate, (0.0, 1.0))
@@ -333,19 +333,18 @@ def test_per_point_jacobian_of_boundary_and_time_residuals_equals_the_dense_auto
     cases = []
 
     m2 = SmallField(2)
-    packed = plate.boundary_sample(40, seed=0).packed()
+    edge = plate.boundary_sample(40, seed=0)
 
-    def robin(p: torch.Tensor) -> torch.Tensor:
-        x, n = BoundarySample.unpack(p, 2)
+    def robin(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
         return m2.u(x) + 2 * normal_derivative(m2.u, x, n)
 
-    def robin_reference(p: torch.Tensor) -> torch.Tensor:
-        x, n = p[:, :2].clone().requires_grad_(True), p[:, 2:]
+    def robin_reference(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        x = x.clone().requires_grad_(True)
         u = m2.u(x)
         g, _ = _input_derivatives(u, x)
         return u + 2 * (g * n).sum(1)
 
-    cases.append((m2, robin, robin_reference, packed))
+    cases.append((m2, robin, robin_reference, edge.points, edge.normals))
 
     def wave(p: torch.Tensor) -> torch.Tensor:
         d = derivatives(m2.u, p, names=("x", "t"))
@@ -356,7 +355,7 @@ def test_per_point_jacobian_of_boundary_and_time_residuals_equals_the_dense_auto
         _, h = _input_derivatives(m2.u(x), x)
         return h[:, 1, 1] - 4 * h[:, 0, 0]
 
-    cases.append((m2, wave, wave_reference, slab.interior(40, "lhs", seed=1)))
+    cases.append((m2, wave, wave_reference, slab.interior(40, "lhs", seed=1), None))
 
     m3 = SmallField(3)
 
@@ -368,19 +367,18 @@ def test_per_point_jacobian_of_boundary_and_time_residuals_equals_the_dense_auto
         g, h = _input_derivatives(m3.u(x), x)
         return g[:, 2] - h[:, 0, 0] - h[:, 1, 1]
 
-    cases.append((m3, heat, heat_reference, cylinder.interior(40, seed=2)))
+    cases.append((m3, heat, heat_reference, cylinder.interior(40, seed=2), None))
     side = cylinder.boundary_sample(40, seed=3)
-    side_packed = torch.cat([side.points, side.normals[:, :2]], 1)
 
-    def neumann(p: torch.Tensor) -> torch.Tensor:
-        return normal_derivative(m3.u, p[:, :3], p[:, 3:], dims=("x", "y"))
+    def neumann(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        return normal_derivative(m3.u, x, n, dims=("x", "y"))
 
-    def neumann_reference(p: torch.Tensor) -> torch.Tensor:
-        x = p[:, :3].clone().requires_grad_(True)
+    def neumann_reference(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        x = x.clone().requires_grad_(True)
         g, _ = _input_derivatives(m3.u(x), x)
-        return (g[:, :2] * p[:, 3:]).sum(1)
+        return (g[:, :2] * n).sum(1)
 
-    cases.append((m3, neumann, neumann_reference, side_packed))
+    cases.append((m3, neumann, neumann_reference, side.points, side.normals[:, :2]))
 
     def periodic(p: torch.Tensor) -> torch.Tensor:
         values = periodic_difference(m2.u, p)
@@ -394,12 +392,13 @@ def test_per_point_jacobian_of_boundary_and_time_residuals_equals_the_dense_auto
         gr, _ = _input_derivatives(ur, right)
         return torch.stack([ul - ur, gl[:, 0] - gr[:, 0]], 1)
 
-    cases.append((m2, periodic, periodic_reference, slab.periodic_pairs("x", 20, seed=4)))
+    cases.append((m2, periodic, periodic_reference, slab.periodic_pairs("x", 20, seed=4), None))
 
-    for module, residual, reference, pts in cases:
+    for module, residual, reference, pts, data in cases:
         params = list(module.parameters())
-        jac = pointwise_jacobian(module, params, residual, pts, path="func")
-        dense = _dense_rows(reference(pts).reshape(-1), params)
+        args = (pts,) if data is None else (pts, data)
+        jac = pointwise_jacobian(module, params, residual, pts, path="func", data=data)
+        dense = _dense_rows(reference(*args).reshape(-1), params)
         assert jac.shape == dense.shape and float(dense.abs().max()) > 1e-3, residual.__name__
         torch.testing.assert_close(jac, dense, rtol=1e-10, atol=1e-12, msg=residual.__name__)
-        torch.testing.assert_close(residual(pts).detach(), reference(pts).detach(), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(residual(*args).detach(), reference(*args).detach(), rtol=1e-12, atol=1e-12)

@@ -71,3 +71,25 @@ def test_bad_arguments_name_the_fix():
         SpaceTime(Box((0.0, 0.0), (1.0, 1.0), names=("x", "t")), (0.0, 1.0))
     with pytest.raises(ValueError, match="no grid"):
         SpaceTime(Disk((0.0, 0.0), 1.0), (0.0, 1.0)).interior(16, "grid")
+
+
+def test_a_space_time_cylinder_is_a_geometry():
+    """SpaceTime is a Geometry: bounds, the cylinder's signed distance (exact for a box: the 3D box's),
+    contains, the nearest piece's normal, and the operators."""
+    from lit_constrained.physics import Geometry
+
+    cylinder = SpaceTime(Box((0.0, 0.0), (1.0, 2.0)), (0.0, 1.0))
+    assert isinstance(cylinder, Geometry) and cylinder.boundary_measure == cylinder.lateral_measure == 6.0
+    lower, upper = cylinder.bounds
+    assert lower.tolist() == [0.0, 0.0, 0.0] and upper.tolist() == [1.0, 2.0, 1.0]
+    solid = Box((0.0, 0.0, 0.0), (1.0, 2.0, 1.0))
+    x = torch.tensor([[0.5, 1.0, 0.5], [0.5, 1.0, 0.95], [0.05, 1.0, 0.5], [2.0, 3.0, 2.0], [0.5, 1.0, -0.5]],
+                     dtype=torch.float64)
+    assert torch.allclose(cylinder.signed_distance(x), solid.signed_distance(x), atol=1e-15)
+    assert cylinder.contains(x).tolist() == [True, True, True, False, False]
+    assert cylinder.normal(x[1:3]).tolist() == [[0.0, 0.0, 1.0], [-1.0, 0.0, 0.0]]  # a slice nearer, a wall nearer
+    points, normals = cylinder.boundary_sample(64, seed=0)
+    assert torch.equal(cylinder.normal(points), normals)  # on the lateral boundary: (n_x, 0)
+    assert cylinder.signed_distance(points).abs().max() < 1e-12
+    hollow = cylinder - SpaceTime(Disk((0.5, 1.0), 0.25), (0.0, 1.0))
+    assert hollow.contains(torch.tensor([[0.5, 1.0, 0.5], [0.1, 0.1, 0.5]], dtype=torch.float64)).tolist() == [False, True]
