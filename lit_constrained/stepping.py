@@ -30,7 +30,7 @@ Its step:
 6. ``optimizer_step(closure=lambda: f_mean, **what the optimizer requires)``, with a
    ``constraint_closure`` (c at the updated parameters, the same on every rank) for an optimizer
    whose ``step`` takes one: the post-step corrections of
-   :meth:`~lit_constrained.optim.constrained.ConstrainedOptimizer._correct`.
+   :func:`~lit_constrained.optim.kernel.correct`.
 
 **Inequality rows.** A task whose rows have senses (``Imposed(..., sense="<=" | ">=")``, read from
 the parts' layout: :func:`row_signs`) is evaluated as above (all m rows: c, J, the one all-gather,

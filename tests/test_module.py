@@ -186,7 +186,8 @@ def test_load_from_checkpoint_rebuilds_the_optimizer_from_a_safe_load(tmp_path, 
     assert raw["hyper_parameters"]["optimizer"]["class_path"].endswith(expected[0].__name__)
     loaded = CurveFit.load_from_checkpoint(tmp_path / "m.ckpt")
     assert loaded.hparams.hidden == 8
-    opt = loaded.configure_optimizers()
+    config = loaded.configure_optimizers()
+    opt = config["optimizer"] if isinstance(config, dict) else config  # the package's optimizers come with a decay
     assert type(opt) is expected[0] and opt.param_groups[0]["lr"] == expected[1]
     if expected[0] is torch.optim.SGD:
         assert opt.param_groups[0]["momentum"] == 0.5
@@ -219,9 +220,12 @@ def test_default_optimizer_is_sqp_adam_with_the_class_defaults():
 
     model = CurveFit()
     assert model.hparams.optimizer == {"class_path": "lit_constrained.optim.SQPAdam", "init_args": {}}
-    opt = model.configure_optimizers()
+    config = model.configure_optimizers()
+    opt = config["optimizer"]
     defaults = inspect.signature(SQPAdam).parameters
     assert isinstance(opt, SQPAdam) and opt.param_groups[0]["lr"] == defaults["lr"].default == 1e-3
+    # the default lr decay (a cosine over the run; without a Trainer the run's length is unknown: constant)
+    assert config["lr_scheduler"]["interval"] == "step" and config["lr_scheduler"]["scheduler"].get_last_lr() == [1e-3]
     assert opt.rho == defaults["rho"].default == "full"
 
 

@@ -14,7 +14,7 @@ After every training step (``on_train_batch_end``) the callback reads, from each
    ``diagnostics[f"{key}/group{i}"]`` (MoMo's per-group ``tau``, ``zeta``) as ``<prefix>/<key>/group<i>``;
 2. otherwise the optimizer's string-keyed state: a scalar stored directly under ``key``
    (``state["tau"]``) or inside a string-keyed dict (MoMo's current estimate
-   ``state["momo"]["lower_bound"]``), logged as ``<prefix>/<key>``;
+   ``state["global"]["lower_bound"]``), logged as ``<prefix>/<key>``;
 3. the user lr ``param_groups[i]["lr"]`` as ``<prefix>/lr`` (``<prefix>/lr/group<i>``).
 
 Keys an optimizer does not provide at this step are skipped silently, so the callback works with any

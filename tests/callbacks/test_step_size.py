@@ -42,14 +42,14 @@ def test_reads_momo_state_and_lr() -> None:
     got = step_size_values(opt)
     assert all(isinstance(got[key], torch.Tensor) and got[key].shape == () for key in ("lower_bound", "tau", "zeta"))
     assert _floats(got) == {
-        "lower_bound": float(opt.state["momo"]["lower_bound"]),  # the current estimate (state)
+        "lower_bound": float(opt.state["global"]["lower_bound"]),  # the current estimate (state)
         "tau": float(opt.diagnostics["tau"]),  # this step's (diagnostics)
         "zeta": float(opt.diagnostics["zeta"]),
         "lr": 0.7,
     }
     assert got["lower_bound"] != -1.0  # the estimate moved
     _one_step(opt, [x], diagnostics=False)  # a step without diagnostics: the estimate only
-    assert _floats(step_size_values(opt)) == {"lower_bound": float(opt.state["momo"]["lower_bound"]), "lr": 0.7}
+    assert _floats(step_size_values(opt)) == {"lower_bound": float(opt.state["global"]["lower_bound"]), "lr": 0.7}
 
 
 def test_several_groups_get_a_suffix_and_the_global_bound_does_not() -> None:
@@ -147,7 +147,7 @@ def test_logs_every_step_to_the_logger_and_callback_metrics(tmp_path: Path) -> N
 
     optimizer = trainer.optimizers[0]
     metrics = trainer.callback_metrics
-    assert float(metrics["step_size/lower_bound"]) == pytest.approx(float(optimizer.state["momo"]["lower_bound"]), rel=1e-6)
+    assert float(metrics["step_size/lower_bound"]) == pytest.approx(float(optimizer.state["global"]["lower_bound"]), rel=1e-6)
     assert float(metrics["step_size/tau"]) == pytest.approx(float(optimizer.diagnostics["tau"]), rel=1e-6)
     assert float(metrics["step_size/zeta"]) == pytest.approx(float(optimizer.diagnostics["zeta"]), rel=1e-6)
     assert float(metrics["step_size/lr"]) == 0.5
@@ -186,11 +186,11 @@ def test_with_constrained_module_and_momo_adam(tmp_path: Path) -> None:
     # MoMo-Adam: tau = min(lr / (1 - beta1^k), zeta)
     for k, (tau, zeta) in enumerate(zip(series["step_size/tau"], series["step_size/zeta"]), start=1):
         assert tau == pytest.approx(min(0.1 / (1 - 0.9**k), zeta), rel=1e-6)
-    assert series["step_size/lower_bound"][-1] == pytest.approx(float(trainer.optimizers[0].state["momo"]["lower_bound"]))
+    assert series["step_size/lower_bound"][-1] == pytest.approx(float(trainer.optimizers[0].state["global"]["lower_bound"]))
 
 
 def test_a_resumed_run_continues_the_same_step_sizes(tmp_path: Path) -> None:
-    """Lightning checkpoints keep MoMo's loss model (state["momo"]): 4 + 4 steps with a resume == 8 straight."""
+    """Lightning checkpoints keep MoMo's loss model (state["global"]): 4 + 4 steps with a resume == 8 straight."""
     from lit_constrained.tasks.curve import CurveData, CurveFit
 
     class FullBatch(CurveData):  # every step sees the same batch, whatever the epoch bookkeeping on resume

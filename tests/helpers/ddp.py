@@ -208,7 +208,7 @@ class Recorder(Callback):
                 "local_objective": self._local,
                 "objective": float(outputs["objective"]),
                 "constraints": outputs["constraints"].clone(),
-                "momo": _plain(state.get("momo")) if "momo" in state else None,
+                "momo": _plain(state.get("global")) if "global" in state else None,
                 "momo_group": _plain(state.get("group0")) if "group0" in state else None,
                 "momo_tau": _momo_tau(optimizer),
             }
