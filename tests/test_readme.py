@@ -257,7 +257,7 @@ def test_the_physics_reference_examples_run():
 
 
 def test_the_readme_domain_with_a_hole_trains_and_its_normals_point_into_the_hole(tmp_path, monkeypatch):
-    """The plate-with-a-hole task (docs/tasks.md, which the README's "A new task" points to): its wall points lie on the square's sides, the hole's packed
+    """The plate-with-a-hole task (docs/tasks.md, which the README's "A new task" points to): its wall points lie on the square's sides, the hole's
     normals are the circle's normals pointing into the hole (closed form: -(x - center) / r), and a few
     SQP-Adam steps reduce max |c| of the wall and Neumann rows."""
     import importlib
@@ -277,7 +277,7 @@ def test_the_readme_domain_with_a_hole_trains_and_its_normals_point_into_the_hol
     task = module.PlateWithHole(optimizer={"class_path": "lit_constrained.optim.SQPAdam", "init_args": {"lr": 1e-2}})
     wall = task.x_wall.double()
     assert torch.all(torch.minimum(wall, 1.0 - wall).min(dim=1).values.abs() < 1e-6)
-    x, n = task.hole[:, :2].double(), task.hole[:, 2:].double()
+    x, n = task.x_hole.double(), task.n_hole.double()
     center = torch.tensor([0.5, 0.5], dtype=torch.float64)
     assert torch.allclose((x - center).norm(dim=1), torch.full((x.shape[0],), 0.2, dtype=torch.float64), atol=1e-6)
     assert torch.allclose(n, -(x - center) / 0.2, atol=1e-6)

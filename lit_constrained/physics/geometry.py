@@ -117,18 +117,6 @@ class BoundarySample(NamedTuple):
     points: Tensor
     normals: Tensor
 
-    def packed(self) -> Tensor:
-        """``[points, normals]`` side by side, (N, 2 d) (kept while the docs move to ``Imposed(..., data=normals)``
-        and the conditions of :mod:`~lit_constrained.physics.conditions`); split it again with :meth:`unpack`."""
-        return torch.cat([self.points, self.normals], dim=1)
-
-    @staticmethod
-    def unpack(packed: Tensor, dim: int) -> tuple[Tensor, Tensor]:
-        """``(points, normals)`` from :meth:`packed`'s (N, 2 dim) layout (slices: fine under torch.func)."""
-        if packed.dim() != 2 or packed.shape[1] != 2 * dim:
-            raise ValueError(f"A packed boundary sample in {dim}D has shape (N, {2 * dim}), got {tuple(packed.shape)}.")
-        return packed[:, :dim], packed[:, dim:]
-
 
 class Geometry(Conditions, ABC):
     r"""A closed domain :math:`\Omega \subset \mathbb{R}^d`: the shared API (see the module docstring).

@@ -22,8 +22,9 @@ imposed exactly
     u_\theta(x_i) - d_i - k\sigma \le 0, \quad u_\theta(x_i) - d_i + k\sigma \ge 0 \ \ (i \in B),
 
 the parts ``pde``, ``coef`` and the band's two one-sided parts ``band_upper`` (sense ``"<="``) and
-``band_lower`` (``">="``) at the observations B (``x_band_imposed``, rows :math:`(x_i, d_i)`: the value
-travels with its point, so each row depends on its own point only). The PDE rows depend on both
+``band_lower`` (``">="``) at the observations B (``x_band_imposed``, rows :math:`(x_i, d_i)`: the points
+:math:`x_i` are the parts' points and the values :math:`d_i` their data, so each row depends on its own
+point only). The PDE rows depend on both
 networks, so J has columns for :math:`\theta` and :math:`\phi`; the band rows' :math:`\phi` columns
 are 0, the coef rows' :math:`\theta` columns 0.
 
@@ -126,13 +127,13 @@ class InverseTask(ConstrainedModule):
         """:math:`a - a^*` at the coefficient's boundary points (N, coef_dim)."""
         return self.a(x) - self.coef_exact(x)
 
-    def band_upper_residual(self, packed: Tensor) -> Tensor:
-        r""":math:`u(x_i) - d_i - k\sigma` (imposed ``<= 0``) at the packed rows :math:`(x_i, d_i)`."""
-        return self.u(packed[:, :-1]) - packed[:, -1] - self.band_k * self.noise
+    def band_upper_residual(self, x: Tensor, d: Tensor) -> Tensor:
+        r""":math:`u(x_i) - d_i - k\sigma` (imposed ``<= 0``) at the observations :math:`x_i`, values :math:`d_i`."""
+        return self.u(x) - d - self.band_k * self.noise
 
-    def band_lower_residual(self, packed: Tensor) -> Tensor:
-        r""":math:`u(x_i) - d_i + k\sigma` (imposed ``>= 0``) at the packed rows :math:`(x_i, d_i)`."""
-        return self.u(packed[:, :-1]) - packed[:, -1] + self.band_k * self.noise
+    def band_lower_residual(self, x: Tensor, d: Tensor) -> Tensor:
+        r""":math:`u(x_i) - d_i + k\sigma` (imposed ``>= 0``) at the observations :math:`x_i`, values :math:`d_i`."""
+        return self.u(x) - d + self.band_k * self.noise
 
     # ---------------------------------------------------------------------------- what the module asks
     def objective(self, batch: dict[str, Tensor]) -> Tensor:
@@ -143,11 +144,12 @@ class InverseTask(ConstrainedModule):
 
     def imposed(self, batch: dict[str, Tensor]) -> dict[str, Imposed] | None:
         band = batch["x_band_imposed"]
+        x_band, d_band = band[:, :-1], band[:, -1]
         parts = {
             "pde": Imposed(self.pde_residual, batch["x_pde_imposed"]),
             "coef": Imposed(self.coef_residual, batch["x_coef_imposed"]),
-            "band_upper": Imposed(self.band_upper_residual, band, sense="<="),
-            "band_lower": Imposed(self.band_lower_residual, band, sense=">="),
+            "band_upper": Imposed(self.band_upper_residual, x_band, data=d_band, sense="<="),
+            "band_lower": Imposed(self.band_lower_residual, x_band, data=d_band, sense=">="),
         }
         return {name: part for name, part in parts.items() if len(part.points)} or None
 
