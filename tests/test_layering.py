@@ -224,7 +224,7 @@ def test_tasks_and_callbacks_never_step() -> None:
 
 @pytest.mark.parametrize("relative,source,expected", [
     ("optim/sqp.py", "def f():\n    import lightning.pytorch as pl\n", ["optim/sqp.py:2 imports lightning.pytorch"]),
-    ("optim/sqp.py", "from ..callbacks import monitoring\n", ["optim/sqp.py:1 imports lit_constrained/callbacks/monitoring.py"]),
+    ("optim/sqp.py", "from ..callbacks import log10\n", ["optim/sqp.py:1 imports lit_constrained/callbacks/log10.py"]),
     ("optim/sqp.py", "from .. import hints\nfrom .checks import check_objective\n", []),
     ("callbacks/log10.py", "import lit_constrained.tasks.spring\n", ["callbacks/log10.py:1 imports lit_constrained/tasks/spring.py"]),
     ("callbacks/summary.py", "from lit_constrained.module import ConstrainedModule\n", ["callbacks/summary.py:1 imports lit_constrained/module.py"]),

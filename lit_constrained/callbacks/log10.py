@@ -49,7 +49,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from lit_constrained.callbacks.monitoring import LOG10, OBJECTIVE, RESIDUAL, VIOLATION, tag
+from lit_constrained.module_parts.tags import LOG10, OBJECTIVE, RESIDUAL, VIOLATION, tag
 
 HEADLINE_TAGS: tuple[str, ...] = (
     tag(OBJECTIVE, "train"), tag(OBJECTIVE, "val"), tag(VIOLATION, "train"), tag(VIOLATION, "val"), tag(RESIDUAL, "val"),

@@ -40,7 +40,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
-from lit_constrained.callbacks.monitoring import RESIDUAL, VIOLATION
+from lit_constrained.module_parts.tags import RESIDUAL, VIOLATION
 from lit_constrained.metrics import MetricName, RelativeViolation, ViolationMetric, build_violation_metric, check_metric_names
 from lit_constrained.metrics.functional import check_norm_order, reference_norm
 

@@ -56,7 +56,7 @@ from lit_constrained.tasks.burgers_data import (
     initial_condition,
     method_of_lines,
 )
-from lit_constrained.callbacks.monitoring import small_figure
+from lit_constrained.module_parts.tensorboard import small_figure
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
 from lit_constrained.tasks.taylor import mlp_taylor
 

@@ -69,7 +69,7 @@ from lit_constrained.tasks.chemistry_data import (
     generate_chemistry,
     reaction_matrix,
 )
-from lit_constrained.callbacks.monitoring import small_figure
+from lit_constrained.module_parts.tensorboard import small_figure
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
 from lit_constrained.tasks.taylor import mlp_taylor
 

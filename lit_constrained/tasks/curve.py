@@ -86,7 +86,7 @@ class CurveFit(ConstrainedModule):
         datamodule = getattr(attached_trainer(self), "datamodule", None)
         if not isinstance(datamodule, CurveData):
             return None
-        from lit_constrained.callbacks.monitoring import small_figure
+        from lit_constrained.module_parts.tensorboard import small_figure
 
         x_train, y_train = datamodule.train_set.tensors
         x = torch.linspace(0, 1, 201).unsqueeze(-1)

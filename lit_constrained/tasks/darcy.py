@@ -44,7 +44,7 @@ from torch import Tensor
 from torch.func import functional_call
 
 from lit_constrained.batch import cast_floats
-from lit_constrained.callbacks.monitoring import small_figure
+from lit_constrained.module_parts.tensorboard import small_figure
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.module_parts.trainer_checks import attached_trainer

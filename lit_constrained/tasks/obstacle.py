@@ -129,7 +129,7 @@ class Obstacle(ConstrainedModule):
         data = getattr(attached_trainer(self), "datamodule", None)
         if not isinstance(data, ObstacleData) or not data.arrays:
             return None
-        from lit_constrained.callbacks.monitoring import small_figure
+        from lit_constrained.module_parts.tensorboard import small_figure
 
         arrays = data.arrays
         x = torch.as_tensor(arrays["x_test"], dtype=self.dtype, device=self.device)

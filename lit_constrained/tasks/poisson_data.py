@@ -140,7 +140,7 @@ class PoissonData(RowDataModule):
 
 def poisson_figure(arrays: dict[str, np.ndarray], prediction: np.ndarray) -> Any:
     """The error |u_net - u| on the test grid, with the imposed points marked (titled ``val/rel_l2``)."""
-    from lit_constrained.callbacks.monitoring import small_figure
+    from lit_constrained.module_parts.tensorboard import small_figure
 
     x, exact = arrays["x_test"], arrays["u_test"]
     k = int(round(math.sqrt(len(x))))

@@ -37,7 +37,7 @@ from torch.func import jvp
 from lit_constrained.imposed import Imposed
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.module_parts.trainer_checks import attached_trainer
-from lit_constrained.callbacks.monitoring import small_figure
+from lit_constrained.module_parts.tensorboard import small_figure
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
 from lit_constrained.tasks.taylor import mlp_taylor
 from lit_constrained.tasks.spring_data import SpringData, spring_constants, spring_exact, spring_points

@@ -8,7 +8,7 @@ import weakref
 import numpy as np
 
 from lit_constrained.callbacks.figure_memory import figure_memory_freed
-from lit_constrained.callbacks.monitoring import small_figure
+from lit_constrained.module_parts.tensorboard import small_figure
 
 
 def _draw() -> weakref.ref:

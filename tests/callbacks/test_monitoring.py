@@ -22,7 +22,8 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_constrained.callbacks.monitoring import VaryingScalars, default_logger, next_version, run_name
+from lit_constrained.module_parts.tensorboard import default_logger, next_version, run_name
+from lit_constrained.module_parts.varying import VaryingScalars
 from lit_constrained.module_parts.step_logging import step_index
 from lit_constrained.optim import SQPAdam
 from lit_constrained.tasks.curve import CurveData, CurveFit, target

@@ -217,29 +217,3 @@ def test_a_resumed_run_continues_the_same_step_sizes(tmp_path: Path) -> None:
         assert r_series[key] == pytest.approx(s_series[key][4:], rel=1e-6), key
     for p, q in zip(straight.parameters(), resumed.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
-
-
-# ---------------------------------------------------------------------------- the deprecated name
-
-
-def test_the_old_name_warns_and_keeps_its_metric_names(tmp_path: Path) -> None:
-    """Old configs name ``lit_constrained.callbacks.FStarMonitor``: it still works, warns, and logs the
-    same values under its old prefix ``fstar``."""
-    from lit_constrained.callbacks import FStarMonitor
-    from lit_constrained.callbacks.fstar import FStarMonitor as FromOldModule
-
-    assert FromOldModule is FStarMonitor
-    with pytest.warns(FutureWarning, match="StepSizeMonitor"):
-        old = FStarMonitor()
-    assert isinstance(old, StepSizeMonitor) and old.prefix == "fstar"
-
-    def run(path: Path, callback: pl.Callback) -> dict[str, list[float]]:
-        torch.manual_seed(0)
-        module = ManualRegression(functools.partial(MoMo, lr=0.5, estimate_lower_bound=True, lower_bound=-5.0))
-        _trainer(path, [callback], 3).fit(module, train_dataloaders=_data())
-        return _csv_series(path)
-
-    old_series = run(tmp_path / "old", old)
-    new_series = run(tmp_path / "new", StepSizeMonitor())
-    for key in ("lower_bound", "tau", "zeta", "lr"):
-        assert old_series[f"fstar/{key}"] == new_series[f"step_size/{key}"], key

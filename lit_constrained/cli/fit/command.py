@@ -25,7 +25,7 @@ import lit_constrained.optim  # noqa: F401
 import lit_constrained.tasks  # noqa: F401
 from lit_constrained.callbacks.checkpointing import resolve_last, with_default_checkpoint
 from lit_constrained.callbacks.integrity import exit_after_write_failure, write_failure
-from lit_constrained.callbacks.monitoring import default_logger
+from lit_constrained.module_parts.tensorboard import default_logger
 from lit_constrained.callbacks.progress import LineProgress
 from lit_constrained.callbacks.signals import TrainingInterrupted
 from lit_constrained.callbacks.watchdog import LauncherWatchdog
@@ -96,7 +96,7 @@ class ConstrainedCLI(LightningCLI):
 
     def _with_default_logger(self, config: dict[str, Any]) -> dict[str, Any]:
         """``config`` with ``logger`` unset (None, True) the package's TensorBoard logger (``lightning_logs/<task>/
-        <Optimizer>/version_<nnn>``, :func:`~lit_constrained.callbacks.monitoring.default_logger`)."""
+        <Optimizer>/version_<nnn>``, :func:`~lit_constrained.module_parts.tensorboard.default_logger`)."""
         if config.get("logger") in (None, True) and isinstance(getattr(self, "model", None), ConstrainedModule):
             config = {**config, "logger": default_logger(self.model, config.get("default_root_dir"))}
         return config
