@@ -301,8 +301,13 @@ class RowChoice:
             cut = part.at(self.chosen[name])
             self.kept[name] = (cut.points, cut.data)
         points, data = self.kept[name]
-        return dataclasses.replace(part, points=points.to(part.points.device), data=_moved(data, part.points.device),
-                                   count=None)
+        if isinstance(data, Tensor) and isinstance(part.data, Tensor):
+            data = _like(data, part.data)
+        elif isinstance(data, Mapping) and isinstance(part.data, Mapping):
+            data = {key: _like(value, part.data[key]) if key in part.data else value for key, value in data.items()}
+        else:
+            data = _moved(data, part.points.device)
+        return dataclasses.replace(part, points=_like(points, part.points), data=data, count=None)
 
     def rows(self) -> dict[str, tuple[int, int]]:
         """Each counted part's (points imposed, pool size)."""
@@ -325,6 +330,13 @@ class RowChoice:
         self.cost = None if cost is None else CostModel(float(cost["free_s"]), dict(cost["row_s"]), float(cost["gram_s"]),
                                                         bool(cost.get("settled", False)))
         self.chosen_at = state.get("chosen_at")
+
+
+def _like(kept: Tensor, current: Tensor) -> Tensor:
+    """A kept tensor on ``current``'s device and, both being floating, in its dtype: the pool's points as this
+    evaluation holds them (e.g. cast to float64 for the end-of-fit floors), the kept values unchanged otherwise."""
+    floating = kept.is_floating_point() and current.is_floating_point()
+    return kept.to(device=current.device, dtype=current.dtype if floating else kept.dtype)
 
 
 def _moved(data: Any, device: torch.device | None) -> Any:

@@ -256,3 +256,20 @@ def test_between_re_choices_the_chosen_points_are_kept_when_the_pool_changes() -
     model.pool = torch.flip(model.pool, dims=[0]).clone()  # the same size: no re-choice
     parts = model.row_choice.apply(model, None, model.imposed(None))
     assert torch.equal(parts["fit"].points, chosen)
+
+
+def test_the_chosen_points_follow_a_float64_evaluation_of_the_weights() -> None:
+    """The end-of-fit floors evaluate c with the weights and the points cast to float64: the kept points
+    follow (they were chosen in float32), so c_64 is the residual at the chosen points by hand in float64."""
+    from lit_constrained.module_parts.constraint_precision import constraints_at, evaluation_floor
+
+    model = Bumps(count=2, constraint_dtype="native", lr_decay="none")
+    model.constraints(None)  # chosen in float32
+    c64 = constraints_at(model, None, torch.float64)
+    x = model.pool[[20, 70]].double()
+    net = model.net.double()
+    by_hand = (net(x)[:, 0] - Bumps.target(x)).detach()
+    model.net.float()
+    assert c64.dtype == torch.float64
+    torch.testing.assert_close(c64, by_hand, rtol=0, atol=1e-15)
+    assert 0 < evaluation_floor(model, None) < 1e-5  # float32 c against float64 c: float32 rounding
