@@ -97,7 +97,7 @@ def test_readme_first_lines_set_up_and_test():
 # A number that looks measured (seconds, bytes, "x" ratios, 1e-5 notation) outside code and outside every
 # passage below fails test_every_measured_figure_of_the_readme_has_a_checker: a new figure needs a checker.
 FIGURE_CHECKERS: dict[str, str] = {
-    r"a fresh run's \(AMD EPYC.*?\(`residual/val`; see Monitoring\)": "scripts/check_readme_figures.py",
+    r"a fresh run's \(2 CPU cores.*?\(`residual/val`; see Monitoring\)": "scripts/check_readme_figures.py",
     r"the step-0 values to 0\.1 %.*?the time within 3x\)": "scripts/check_readme_figures.py",  # its tolerances
     r"the final values \(-[0-9.]+ for [0-9.e-]+\)": "scripts/check_readme_figures.py",
     r"A fresh run on 2 processes: .*?checks these figures \(the time within 3x, max \|c\| 3x, the MSE 2x\)": (
@@ -116,7 +116,7 @@ NOT_MEASURED: dict[str, str] = {
 }
 # Measured once and stated, not yet reproduced by a checker (each named in the session's report).
 UNCHECKED: dict[str, str] = {
-    r"It took [0-9]+ s on the 2 shared AMD EPYC cores.*?a clean checkout of commit [0-9a-f]+\)": (
+    r"It takes about [0-9]+ minutes on 2 CPU cores.*?of each measurement": (
         "the default test run's wall time, measured once (python -m pytest -q -m 'not slow'): it depends on the "
         "machine and its load, so no test can reproduce it"),
 }
