@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import lightning.pytorch as pl
 import torch
@@ -35,8 +35,8 @@ from .module_parts.varying import VARYING_SCALARS_KEY
 from .stepping import NonFinitePolicy, StepResult, StepServices, TrainingStepper
 
 __all__ = [
-    "DEFAULT_OPTIMIZER", "SHARDING_STRATEGIES", "VARYING_SCALARS_KEY", "ConstrainedModule", "JacobianMethod",
-    "default_optimizer", "requested_precision",
+    "DEFAULT_OPTIMIZER", "OPTIONAL_CALLBACKS", "SHARDING_STRATEGIES", "VARYING_SCALARS_KEY", "ConstrainedModule",
+    "JacobianMethod", "OptionalCallback", "chosen_callbacks", "default_optimizer", "requested_precision",
 ]
 
 DEFAULT_OPTIMIZER: dict[str, Any] = {"class_path": "lit_constrained.optim.SQPAdam", "init_args": {}}
@@ -52,6 +52,26 @@ def default_optimizer(params: Iterable) -> Optimizer:
     into every class that takes the same argument names). The hyper-parameters store the dict.
     """
     return SpecFactory(DEFAULT_OPTIMIZER)(params)
+
+
+OptionalCallback = Literal["FitSummary", "RunHealth", "Log10Headlines"]
+"""The default callbacks a module may leave out (``default_callbacks``); ``CheckpointIntegrity`` is not one."""
+OPTIONAL_CALLBACKS: tuple[OptionalCallback, ...] = get_args(OptionalCallback)
+
+
+def chosen_callbacks(value: bool | str | Sequence[str]) -> tuple[OptionalCallback, ...]:
+    """The optional default callbacks ``value`` keeps, in the order of :data:`OPTIONAL_CALLBACKS`: all of
+    them for True, none for False, else those it names (a name or a sequence of names); a ValueError
+    naming the choices for any other name."""
+    if isinstance(value, bool):
+        return OPTIONAL_CALLBACKS if value else ()
+    names = [value] if isinstance(value, str) else list(value)
+    if any(name not in OPTIONAL_CALLBACKS for name in names):
+        raise ValueError(
+            f"Invalid default_callbacks={value!r}: true (all), false (none) or a list of {', '.join(OPTIONAL_CALLBACKS)}"
+            " (CheckpointIntegrity is always added: it hashes and verifies every checkpoint)."
+        )
+    return tuple(name for name in OPTIONAL_CALLBACKS if name in names)
 
 
 class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC):
@@ -129,6 +149,13 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
             (``Imposed(residual, pool, count=k | "auto")``; :mod:`~lit_constrained.module_parts.row_choice`).
         imposed_cost_ratio: ``count="auto"`` imposes as many points as keep a step within this many
             unconstrained steps of the same objective (measured at the first choice).
+        default_callbacks: which of the callbacks this module adds to every Trainer
+            (:meth:`configure_callbacks`) are added: True (default) all, False none of the optional ones,
+            or a list of :data:`OPTIONAL_CALLBACKS` (``["FitSummary"]``; in a config
+            ``model.init_args.default_callbacks: [FitSummary]``). ``CheckpointIntegrity`` is always added:
+            without it checkpoints would be written without their content hashes and atomic replace, and
+            ``trainer.fit(ckpt_path=...)`` would restore a checkpoint unverified (no hash check, no check
+            of the class paths it names or of its task class), so it cannot be left out.
     """
 
     def __init__(
@@ -146,6 +173,7 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         lr_decay: LrDecay = "cosine",
         rechoose_every: int = 100,
         imposed_cost_ratio: float = 3.0,
+        default_callbacks: bool | Sequence[OptionalCallback] = True,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -171,6 +199,8 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         self._first_step_pending = False  # set at train start: the first step's checks are still to do
         self.diagnostic_charts = step_logging.DiagnosticCharts()
         """The ``optim/<name>`` charts (the diagnostics that vary; saved in checkpoints)."""
+        self.optional_callbacks = chosen_callbacks(default_callbacks)
+        """The optional callbacks :meth:`configure_callbacks` adds (``default_callbacks``)."""
 
     # ----------------------------------------------------------------- what a task implements
     @abstractmethod
@@ -378,14 +408,19 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         self.diagnostic_charts.write_constants(self.trainer, None if c is None else c.numel())
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        """In every Trainer: the end-of-fit summary (:class:`~lit_constrained.callbacks.summary.FitSummary`),
-        the run-health warnings (:class:`~lit_constrained.callbacks.health.RunHealth`) and hashed, verified
-        checkpoints (:class:`~lit_constrained.callbacks.integrity.CheckpointIntegrity`), the ``Log10/<tag>``
-        curves TensorBoard opens on (:class:`~lit_constrained.callbacks.log10.Log10Headlines`)."""
+        """In every Trainer: hashed, verified checkpoints
+        (:class:`~lit_constrained.callbacks.integrity.CheckpointIntegrity`, always) and, unless
+        ``default_callbacks`` leaves them out, the end-of-fit summary
+        (:class:`~lit_constrained.callbacks.summary.FitSummary`), the run-health warnings
+        (:class:`~lit_constrained.callbacks.health.RunHealth`) and the ``Log10/<tag>`` curves TensorBoard
+        opens on (:class:`~lit_constrained.callbacks.log10.Log10Headlines`)."""
         trainer_checks.check_fitting_trainer(self)
         from .callbacks import health, integrity, log10, summary
 
-        return [summary.FitSummary(), health.RunHealth(), integrity.CheckpointIntegrity(), log10.Log10Headlines()]
+        kinds = {"FitSummary": summary.FitSummary, "RunHealth": health.RunHealth,
+                 "CheckpointIntegrity": integrity.CheckpointIntegrity, "Log10Headlines": log10.Log10Headlines}
+        kept = {*self.optional_callbacks, "CheckpointIntegrity"}
+        return [kind() for name, kind in kinds.items() if name in kept]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.diagnostic_charts.restore(checkpoint)
