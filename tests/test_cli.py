@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -37,16 +38,36 @@ def test_fit_from_yaml_writes_tensorboard_events(tmp_path):
     assert (tmp_path / "lightning_logs/curvefit/SQPAdam/version_000/config.yaml").exists()  # <task>/<optimizer>
 
 
-@pytest.mark.parametrize(
-    "optimizer", ["SQPAdam", "SQPHeavyBall", "AdamCon", "{class_path: torch.optim.Adam, init_args: {lr: 0.01}}"]
-)
-def test_short_class_paths_resolve(tmp_path, optimizer):
+class OptimizerSeen(pl.Callback):
+    """Records the optimizer a fit ran with, its lr and the steps taken (at the end of the fit)."""
+
+    seen: list[tuple[type, float, int]] = []
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        (optimizer,) = trainer.optimizers
+        OptimizerSeen.seen.append((type(optimizer), optimizer.defaults["lr"], trainer.global_step))
+
+
+@pytest.mark.parametrize("optimizer,expected", [
+    ("SQPAdam", "lit_constrained.optim.SQPAdam"), ("SQPHeavyBall", "lit_constrained.optim.SQPHeavyBall"),
+    ("AdamCon", "lit_constrained.optim.AdamCon"),
+    ("{class_path: torch.optim.Adam, init_args: {lr: 0.01}}", "torch.optim.Adam"),
+])
+def test_short_class_paths_resolve(tmp_path, monkeypatch, optimizer, expected):
+    """A short class name (or a class-path dict) on the command line is the optimizer the fit steps
+    with, with the lr given (0.01, the config's is 0.01 too: ``defaults`` holds the constructor's)."""
+    import importlib
+
+    monkeypatch.setattr(OptimizerSeen, "seen", [])
     main([
         "fit", "--config", str(ROOT / "configs/curve/sqp_adam.yaml"),
-        "--model.optimizer", optimizer, "--model.optimizer.lr", "0.01",
+        "--model.optimizer", optimizer, "--model.optimizer.lr", "0.02",
         "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path),
         "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+        f"--trainer.callbacks+={__name__}.OptimizerSeen",
     ])
+    module, name = expected.rsplit(".", 1)
+    assert OptimizerSeen.seen == [(getattr(importlib.import_module(module), name), 0.02, 2)]
 
 
 def test_switching_the_optimizer_class_never_drops_init_args_silently(capsys):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,7 @@ pytestmark = pytest.mark.ddp
 MAX_STEPS = 50  # past the stop (at most 2 PAUSE + 1 = 41) and the user checkpoint at step 50
 PAUSE = 20
 RUN_TIMEOUT = 240.0  # seconds: a run that has not ended by then hangs
-STOP_TIMEOUT = 60.0  # seconds from the signal to every rank's end
+STOP_TIMEOUT = 60.0  # seconds from the signal to every rank's end: a run still alive by then hangs (no speed bound)
 README_RUN = ["--config", README_CONFIG, "--trainer.max_steps", str(MAX_STEPS)]
 MINIBATCH_RUN = [*README_RUN, "--data.init_args.batch_mode", "minibatch", "--data.init_args.batch_fraction", "0.2"]
 TRAIN_METRICS = ("Objective/train", "Violation/train")
@@ -85,11 +84,10 @@ def stop(workdir: Path, args: list[str], signum: int, target: str, launcher: str
     else:
         os.kill({"rank0": pids[0], "rank1": pids[1], "agent": run.process.pid}[target], signum)
     (pause / "go").write_text("")
-    sent = time.monotonic()
     code = run.wait(STOP_TIMEOUT)
     wait_all_ended(pids, STOP_TIMEOUT)
     lasts = {str(p.resolve()): torch.load(p, weights_only=False)["global_step"] for p in workdir.rglob("last*.ckpt")}
-    return {"code": code, "run": run, "seconds_to_end": time.monotonic() - sent, "workdir": workdir, "lasts": lasts}
+    return {"code": code, "run": run, "workdir": workdir, "lasts": lasts}
 
 
 def stop_line(run: Run) -> tuple[str, int, Path]:
@@ -154,7 +152,6 @@ def test_readme_command_trains_to_the_end_on_two_ranks(readme: dict[str, dict[st
 def test_sigterm_to_rank_1_stops_every_rank_with_one_checkpoint(readme: dict[str, dict[str, Any]]) -> None:
     stopped = readme["stopped"]
     assert stopped["code"] == 1, stopped["run"].stderr[-3000:]
-    assert stopped["seconds_to_end"] < STOP_TIMEOUT
     assert "lit-constrained (rank 1): SIGTERM received" in stopped["run"].stderr
     assert_last_checkpoint(stopped, stopped["workdir"] / "lightning_logs" / "spring" / "SQPAdam" / "checkpoints")
 
@@ -193,7 +190,6 @@ def test_a_users_model_checkpoint_keeps_the_signal_handling(minibatch: dict[str,
     directory, exit status 1 (it was: exit 0, nothing saved)."""
     stopped = minibatch["stopped"]
     assert stopped["code"] == 1, stopped["run"].stderr[-3000:]
-    assert stopped["seconds_to_end"] < STOP_TIMEOUT
     assert_last_checkpoint(stopped, stopped["workdir"] / "user_ckpt")
 
 
@@ -211,7 +207,7 @@ def test_torchrun_ctrl_c_stops_and_resumes_bit_identically(
     """Ctrl+C under torchrun: each worker gets SIGINT twice (terminal and agent), one stop; the
     resumed run (a user's ModelCheckpoint added) equals Lightning's launcher's uninterrupted run."""
     stopped = torchrun["stopped"]
-    assert stopped["code"] != 0 and stopped["seconds_to_end"] < STOP_TIMEOUT, stopped["run"].stderr[-3000:]
+    assert stopped["code"] != 0, stopped["run"].stderr[-3000:]
     name, step, _ = stop_line(stopped["run"])
     assert name == "SIGINT"
     assert_last_checkpoint(stopped, stopped["workdir"] / "lightning_logs" / "spring" / "SQPAdam" / "checkpoints")
@@ -227,12 +223,12 @@ def test_torchrun_ctrl_c_stops_and_resumes_bit_identically(
 
 def test_sigkill_of_the_launching_process_ends_the_other_rank(tmp_path: Path) -> None:
     """Rank 1 waits outside any collective (in PauseAt) when rank 0 is SIGKILLed: nothing else would end it
-    before PauseAt's own 120 s; the watchdog ends it within its 5 s grace (+ polling)."""
+    before PauseAt's own 120 s (the hang guard, STOP_TIMEOUT, is shorter); the watchdog ends it, saying why
+    (its grace on a clock: tests/callbacks/test_signals.py)."""
     pause = tmp_path / "pause"
     run = start(tmp_path, [*README_RUN, callback(PauseAt, step=PAUSE, directory=str(pause))])
     pids = run.rank_pids(pause)
     os.kill(pids[0], signal.SIGKILL)
     run.wait(STOP_TIMEOUT)
-    seconds = wait_all_ended(pids[1:], STOP_TIMEOUT)
-    assert seconds < 20.0
+    wait_all_ended(pids[1:], STOP_TIMEOUT)
     assert "the launching process" in run.stderr and "ending this rank too" in run.stderr, run.stderr[-2000:]

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,8 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         self._steps_timed = 0
         self._last_batch_end: float | None = None
         self._last_saved_step = -1
+        self.clock: Callable[[], float] = time.perf_counter
+        """The clock the step and save durations are read from (seconds; a test injects its own)."""
 
     @property
     def state_key(self) -> str:
@@ -161,12 +164,12 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         if self.signals is not None:
             self.signals.on_train_batch_start(trainer, pl_module, batch, batch_idx)
         if self._last_batch_end is None:
-            self._last_batch_end = time.perf_counter()
+            self._last_batch_end = self.clock()
 
     def on_train_batch_end(
         self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         if self._last_batch_end is not None:
             self._step_seconds += now - self._last_batch_end
             self._steps_timed += 1
@@ -174,7 +177,7 @@ class CrashSafeCheckpoint(ModelCheckpoint):
             self._save_last(trainer)
         if self.signals is not None:
             self.signals.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        self._last_batch_end = time.perf_counter()
+        self._last_batch_end = self.clock()
 
     def _due(self, step: int) -> bool:
         """Fixed interval: every multiple of ``every_n_steps``. Adaptive: after step 1, then whenever
@@ -227,9 +230,9 @@ class CrashSafeCheckpoint(ModelCheckpoint):
         # tests/callbacks/test_checkpointing.py::test_the_private_checkpoint_hooks_exist names it
         if self._should_skip_saving_checkpoint(trainer):
             return
-        start = time.perf_counter()
+        start = self.clock()
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-        elapsed = time.perf_counter() - start
+        elapsed = self.clock() - start
         self.total_save_seconds += elapsed
         self.num_saves += 1
         self.save_seconds = [*self.save_seconds[-19:], elapsed]

@@ -130,6 +130,8 @@ class StopOnSignal(Callback):
         self._saving = False
         self._abort_after_save = False
         self._stop: tuple[str, int, str | None] | None = None  # (signal, step, checkpoint) agreed, not yet raised
+        self.clock: Callable[[], float] = time.perf_counter
+        """The clock of the step timing and of a repeated Ctrl+C (seconds; a test injects its own)."""
 
     # ------------------------------------------------------------------ handlers
     def _install(self) -> None:
@@ -151,7 +153,7 @@ class StopOnSignal(Callback):
         self._previous = {}
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if signum == signal.SIGINT and self._noted and now - self._noted_at > REPEAT_SECONDS:
             if self._saving:  # never abort a checkpoint half-written: abort right after it
                 self._abort_after_save = True
@@ -170,7 +172,7 @@ class StopOnSignal(Callback):
         """Rank 0's next check interval K (the module docstring's formula); other ranks propose 0."""
         if not trainer.is_global_zero:
             return 0
-        now = time.perf_counter()
+        now = self.clock()
         per_step = (now - self._last_check) / max(self._steps_since_check, 1)
         if per_step <= 0.0:
             return min(self.max_check_steps, 2 * self._check_every)
@@ -189,7 +191,7 @@ class StopOnSignal(Callback):
         code, self._check_every = (int(v) for v in votes.tolist())
         self._check_every = max(1, self._check_every)
         self._steps_since_check = 0
-        self._last_check = time.perf_counter()
+        self._last_check = self.clock()
         return code
 
     # ------------------------------------------------------------------ hooks
@@ -200,7 +202,7 @@ class StopOnSignal(Callback):
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         self._rank = trainer.global_rank
         self._install()
-        self._last_check = time.perf_counter()
+        self._last_check = self.clock()
         self._steps_since_check = 0
 
     def on_train_batch_end(

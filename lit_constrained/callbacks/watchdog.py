@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -46,6 +47,8 @@ class LauncherWatchdog(Callback):
         self._thread: threading.Thread | None = None
         self._rank = 0
         self._parent = 0
+        self.clock: Callable[[], float] = time.monotonic
+        """The clock the failure's duration is read from (seconds; a test injects its own)."""
 
     # ------------------------------------------------------------------ what is watched
     def failure(self) -> str | None:
@@ -61,7 +64,7 @@ class LauncherWatchdog(Callback):
             if failure is None:
                 first_seen = None
                 continue
-            now = time.monotonic()
+            now = self.clock()
             first_seen = now if first_seen is None else first_seen
             if now - first_seen >= self.grace_seconds and not self._stop.is_set():
                 self._end(failure)

@@ -58,12 +58,14 @@ def test_fixed_interval_saves_on_multiples_and_at_the_end(tmp_path: Path) -> Non
 
 
 def test_adaptive_interval_keeps_saving_under_the_overhead_budget() -> None:
-    """N = ceil(t_save / (overhead * t_step)): a save 100x a step at 5 % gives N = 2000."""
+    """N = ceil(t_save / (overhead * t_step)): a save 100x a step at 5 % gives N = 2000, the smallest N
+    whose overhead t_save / (N t_step) is within the budget."""
     cb = CrashSafeCheckpoint(overhead=0.05)
     cb.save_seconds = [0.1]
     cb._step_seconds, cb._steps_timed = 0.001 * 50, 50
-    assert cb.proposed_interval() == 2000
-    assert cb.save_seconds[0] / (2000 * 0.001) <= 0.05
+    interval = cb.proposed_interval()
+    assert interval == 2000
+    assert 0.1 / (interval * 0.001) <= 0.05 + 1e-12 < 0.1 / ((interval - 1) * 0.001)  # the smallest such N
     cb.save_seconds = [2e-5]  # a save at 2 % of a step: every step
     assert cb.proposed_interval() == 1
     cb.save_seconds = [1e3]
@@ -73,18 +75,59 @@ def test_adaptive_interval_keeps_saving_under_the_overhead_budget() -> None:
     assert fixed.proposed_interval() == 7
 
 
-def test_adaptive_mode_measures_its_own_overhead(tmp_path: Path) -> None:
-    cb = CrashSafeCheckpoint(dirpath=str(tmp_path))
+class FakeClock:
+    """A clock that moves only when told: ``advance(seconds)``."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class StepTakes(pl.Callback):
+    """Every training step lasts ``seconds`` on ``clock`` (Lightning runs it before the checkpoint callbacks)."""
+
+    def __init__(self, clock: FakeClock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.clock.advance(self.seconds)
+
+
+def test_adaptive_mode_measures_its_own_overhead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an injected clock a step takes 2^-10 s and a save 2^-8 s (4 steps): at overhead 1/4 the callback
+    measures both exactly and saves every N = ceil(2^-8 / (2^-2 2^-10)) = 16 steps, after step 1 (its
+    first measurement) and at the end: steps 1, 17, 33 and 40."""
+    step, save = 2.0**-10, 2.0**-8
+    clock = FakeClock()
+    cb = CrashSafeCheckpoint(dirpath=str(tmp_path), overhead=0.25)
+    cb.clock = clock
+    saved: list[int] = []
+    write = cb._save_last_checkpoint
+
+    def timed_write(trainer: pl.Trainer, candidates: Any) -> None:
+        write(trainer, candidates)
+        saved.append(trainer.global_step)
+        clock.advance(save)
+
+    monkeypatch.setattr(cb, "_save_last_checkpoint", timed_write)
     model, data = curve()
-    trainer = quiet_trainer(max_steps=60, callbacks=[cb], enable_checkpointing=True, limit_val_batches=0)
-    start = time.perf_counter()
+    trainer = quiet_trainer(max_steps=40, callbacks=[StepTakes(clock, step), cb], enable_checkpointing=True,
+                            limit_val_batches=0)
     trainer.fit(model, datamodule=data)
-    total = time.perf_counter() - start
-    saves = len(cb.save_seconds)
-    assert cb.interval > 1  # a curve step (~ms) is far cheaper than a save
-    assert 2 <= saves < 60
-    assert (tmp_path / "last.ckpt").is_file()
-    assert total > 0
+    assert saved == [1, 17, 33, 40]
+    assert cb.interval == 16 and cb.mean_step_seconds() == step
+    assert cb.save_seconds == [save] * 4 and cb.num_saves == 4 and cb.total_save_seconds == 4 * save
+    assert clock.now == 40 * step + 4 * save
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 40
+
+
+def test_the_clock_is_perf_counter_by_default() -> None:
+    assert CrashSafeCheckpoint().clock is time.perf_counter
 
 
 def test_bad_arguments_are_rejected() -> None:

@@ -101,39 +101,65 @@ def test_the_fit_ends_after_the_last_step_or_epoch_the_same_way_on_every_rank() 
     assert training_ends_after_epoch(trainer(current_epoch=2)) and not training_ends_after_epoch(trainer())
 
 
+class FakeClock:
+    """A clock that reads ``now`` (seconds), moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_ranks_meet_about_every_check_seconds() -> None:
-    """K_next = min(K_max, 2 K, max(1, ceil(t_check / t_step))) from rank 0's timing; other ranks propose 0."""
+    """K_next = min(K_max, 2 K, max(1, ceil(t_check / t_step))) from rank 0's timing; other ranks propose 0.
+    On an injected clock, with steps of 2^-8 s (exact in binary): ceil(1 s / 2^-8 s) = 256."""
+    clock = FakeClock()
     stop = StopOnSignal(check_seconds=1.0, max_check_steps=1000)
-    stop._check_every = 4
-    stop._steps_since_check = 4
-    stop._last_check = time.perf_counter() - 4 * 0.004
-    assert stop._proposal(SimpleNamespace(is_global_zero=True)) == 8  # at most doubled
-    stop._check_every = 1000
-    stop._steps_since_check = 10
-    stop._last_check = time.perf_counter() - 10 * 0.004  # 4 ms a step: 250 steps a second
-    proposal = stop._proposal(SimpleNamespace(is_global_zero=True))
-    assert 100 <= proposal <= 250  # the clock moved on since (up to ~60 ms on a loaded machine)
-    stop._last_check = time.perf_counter() - 10 * 2.0  # 2 s a step: every step
-    assert stop._proposal(SimpleNamespace(is_global_zero=True)) == 1
-    stop._last_check = time.perf_counter() - 1e-7
-    assert stop._proposal(SimpleNamespace(is_global_zero=True)) == 1000
+    stop.clock = clock
+    rank0 = SimpleNamespace(is_global_zero=True)
+
+    def proposal(check_every: int, steps: int, per_step: float) -> int:
+        stop._check_every, stop._steps_since_check = check_every, steps
+        stop._last_check = clock.now - steps * per_step
+        return stop._proposal(rank0)
+
+    assert proposal(4, 4, 2.0**-8) == 8  # 256 steps fit in a check: at most doubled
+    assert proposal(1000, 10, 2.0**-8) == 256
+    assert proposal(1000, 10, 2.0**-2) == 4  # 4 steps a second
+    assert proposal(1000, 10, 2.0) == 1  # 2 s a step: every step
+    assert proposal(1000, 10, 2.0**-20) == 1000  # K_max
+    assert proposal(300, 10, 0.0) == 600  # no time measured: doubled
     assert stop._proposal(SimpleNamespace(is_global_zero=False)) == 0
     with pytest.raises(ValueError, match="max_check_steps"):
         StopOnSignal(max_check_steps=0)
 
 
-def test_a_repeated_sigint_within_seconds_is_the_same_ctrl_c() -> None:
+def test_a_repeated_sigint_within_seconds_is_the_same_ctrl_c(capsys: pytest.CaptureFixture) -> None:
+    """On an injected clock: a SIGINT at most REPEAT_SECONDS (3 s) after the first is the same Ctrl+C;
+    a later one aborts, after the checkpoint being written if one is."""
+    clock = FakeClock()
     stop = StopOnSignal()
+    stop.clock = clock
     stop._on_signal(signal.SIGINT, None)
-    stop._on_signal(signal.SIGINT, None)  # the launcher's copy of the terminal's Ctrl+C: no abort
-    assert stop._noted == signal.SIGINT
-    stop._noted_at -= 4.0
+    assert stop._noted == signal.SIGINT and stop._noted_at == clock.now
+    assert capsys.readouterr().err.count("SIGINT received") == 1
+    clock.now += 3.0
+    stop._on_signal(signal.SIGINT, None)  # the launcher's copy of the terminal's Ctrl+C, 3 s late: no abort
+    assert stop._noted == signal.SIGINT and stop._noted_at == clock.now - 3.0 and not stop._abort_after_save
+    assert capsys.readouterr().err == ""  # noted once
+    clock.now += 0.5
     stop._saving = True
     stop._on_signal(signal.SIGINT, None)  # a second Ctrl+C while last.ckpt is written: right after it
     assert stop._abort_after_save
     stop._saving = False
     with pytest.raises(KeyboardInterrupt):  # a second Ctrl+C, later: abort now
         stop._on_signal(signal.SIGINT, None)
+
+
+def test_the_clocks_are_the_systems_by_default() -> None:
+    assert StopOnSignal().clock is time.perf_counter
+    assert LauncherWatchdog().clock is time.monotonic
 
 
 def test_the_watchdog_watches_only_ranks_a_launcher_started(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,3 +171,30 @@ def test_the_watchdog_watches_only_ranks_a_launcher_started(monkeypatch: pytest.
     assert dog.failure() is None
     dog._parent = 2**22 + 17  # not our parent (any more): re-parented
     assert "launching process" in (dog.failure() or "")
+
+
+def test_the_watchdog_ends_a_rank_once_a_failure_lasted_the_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an injected clock, polled every 0.5 s with a 5 s grace: a failure seen at 1.5 s and gone at
+    2.5 s ends nothing; one seen again from 4.0 s on ends the rank at 9.0 s, its first poll 5 s later."""
+    clock = FakeClock()
+    clock.now = 0.0
+    dog = LauncherWatchdog(grace_seconds=5.0, poll_seconds=0.5)
+    dog.clock = clock
+    ended: list[tuple[float, str]] = []
+
+    class Polls:
+        """The watch loop's Event: each wait passes its timeout on the clock; set once the rank ended."""
+
+        def wait(self, timeout: float) -> bool:
+            clock.now += timeout
+            return bool(ended) or clock.now > 60.0
+
+        def is_set(self) -> bool:
+            return bool(ended)
+
+    failing = lambda: 1.5 <= clock.now < 2.5 or clock.now >= 4.0  # noqa: E731
+    monkeypatch.setattr(dog, "_stop", Polls())
+    monkeypatch.setattr(dog, "failure", lambda: "the launching process (pid 7) has ended" if failing() else None)
+    monkeypatch.setattr(dog, "_end", lambda failure: ended.append((clock.now, failure)))
+    dog._watch()
+    assert ended == [(9.0, "the launching process (pid 7) has ended")]

@@ -38,8 +38,28 @@ def test_a_nonfinite_complex_weight_is_refused() -> None:
 
 
 def test_finite_and_integer_entries_pass() -> None:
-    refuse_nonfinite_weights({"state_dict": {"w": torch.ones(2), "steps": torch.tensor([2**40]), "x": "text"}})
-    refuse_nonfinite_weights({})
+    """Finite floating and complex weights, integer buffers and non-tensor entries pass, the checkpoint
+    left as it was; only the weights are looked at: an optimizer's f* of -inf (MoMo's lower bound before
+    its first estimate) is not a weight. The same checkpoint with one weight NaN is refused."""
+    checkpoint = {
+        "state_dict": {"w": torch.ones(2), "z": torch.ones(2, dtype=torch.complex64), "steps": torch.tensor([2**40]),
+                       "x": "text"},
+        "optimizer_states": [{"state": {"global": {"lower_bound": torch.tensor(-math.inf)}}}],
+    }
+    before = {name: value.clone() if isinstance(value, torch.Tensor) else value
+              for name, value in checkpoint["state_dict"].items()}
+    assert refuse_nonfinite_weights(checkpoint) is None
+    assert refuse_nonfinite_weights({}) is None
+    assert list(checkpoint) == ["state_dict", "optimizer_states"] and list(checkpoint["state_dict"]) == list(before)
+    for name, value in before.items():
+        kept = checkpoint["state_dict"][name]
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(kept, value) and kept.dtype == value.dtype, name
+        else:
+            assert kept == value, name
+    checkpoint["state_dict"]["w"][0] = math.nan
+    with pytest.raises(FloatingPointError, match="'w' holds NaN/inf"):
+        refuse_nonfinite_weights(checkpoint)
 
 
 def test_the_hyper_parameters_hold_the_optimizer_as_a_plain_spec() -> None:

@@ -97,7 +97,33 @@ def test_short_fit_imposes_both_parts_and_improves_the_solution():
     assert float(metrics["Violation/pde/val"]) < 1e-3 * start_violation
     assert float(metrics["Violation/boundary/val"]) < 1e-3 * start_violation
     assert float(metrics["val/rel_l2"]) < 0.5 * start_error
-    assert model.prediction_figure() is not None
+    check_the_figure(model, data, float(metrics["val/rel_l2"]))
+
+
+def check_the_figure(model: Poisson, data: PoissonData, rel_l2: float) -> None:
+    """The prediction figure shows |u_net - u| with y up: pixel (i, j) is the error at (x, y) = (j, i) / (k - 1),
+    the network evaluated there on its own; its title is the validation's rel_l2; the imposed points
+    are marked where they are."""
+    import matplotlib.pyplot as plt
+
+    figure = model.prediction_figure()
+    try:
+        ax = figure.axes[0]
+        image = np.asarray(ax.images[0].get_array())
+        k = 11  # n_test
+        assert image.shape == (k, k) and ax.images[0].get_extent() == [0, 1, 0, 1]
+        y, x = np.meshgrid(np.arange(k) / (k - 1), np.arange(k) / (k - 1), indexing="ij")
+        points = torch.tensor(np.stack([x.ravel(), y.ravel()], axis=1), dtype=torch.float32)
+        with torch.no_grad():
+            u_net = model(points).double().reshape(-1)
+        expected = (u_net - poisson_exact(points.double())).abs().reshape(k, k).numpy()
+        np.testing.assert_allclose(image, expected, rtol=1e-5, atol=1e-7)
+        assert float(ax.get_title().rsplit(" ", 1)[1]) == pytest.approx(rel_l2, rel=1e-2)  # printed to 3 digits
+        marked = [np.asarray(c.get_offsets()) for c in ax.collections]
+        for imposed, offsets in zip(("x_pde_imposed", "x_bc_imposed"), marked, strict=True):
+            np.testing.assert_allclose(offsets, data.arrays[imposed], rtol=0, atol=1e-7)
+    finally:
+        plt.close(figure)
 
 
 def test_imposed_c_and_j_are_float64_evaluations_at_the_float32_weights_by_default():
