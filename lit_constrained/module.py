@@ -4,7 +4,6 @@ hands its work to the step (:class:`~lit_constrained.stepping.TrainingStepper`) 
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, get_args
@@ -28,7 +27,7 @@ from .module_parts.declarations import JacobianMethod
 from .module_parts.schedulers import LrDecay, check_lr_decay, default_decay
 from .module_parts.optimizer_specs import build_optimizer, given_factories
 from .module_parts.row_choice import CHECKPOINT_KEY as ROW_CHOICE_KEY
-from .module_parts.row_choice import RowChoice
+from .module_parts.row_choice import RowChoice, cost_clock
 from .module_parts.tags import OBJECTIVE, tag
 from .module_parts.trainer_checks import SHARDING_STRATEGIES, requested_precision
 from .module_parts.varying import VARYING_SCALARS_KEY
@@ -365,9 +364,10 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor | None]:
         if self.row_choice.update(self, self.prepare_batch(batch), self.trainer.global_step):
             self.stepper.constraint_set_changed()
-        started = time.perf_counter()
+        clock = cost_clock(self.device)
+        started = clock()
         result = self.stepper.step(self, batch, self.step_services())
-        self.row_choice.timed(time.perf_counter() - started)
+        self.row_choice.timed(clock() - started)
         if not result.skipped:
             schedulers.step_after_optimizer_step(self.trainer)
         self.last_step = result

@@ -15,7 +15,8 @@ times the unconstrained step of the same objective, by a cost model it measures 
 choice of a fit (:class:`CostModel`): :math:`t(m) = t_f + \sum_p m_p t_p + g\,m^2`, with :math:`t_f`
 the objective and its gradient, :math:`t_p` one row of part p's per-point Jacobian (probed on a few of
 its points, in the dtype c and J are evaluated in) and :math:`g\,m^2` the Gram product :math:`J J^\top`
-of the step (timed on a probe of the network's size). The model is then checked against the steps it
+of the step (timed on a probe of the network's size), all by :func:`cost_clock` (the process's CPU time
+on a CPU). The model is then checked against the steps it
 predicts: at each re-choice the measured mean step time since the last one corrects the constraint
 terms (:meth:`CostModel.corrected`), so what the probe misses (the optimizer's own products, its
 post-step corrections) is counted. The budget is split over the auto parts in equal numbers of points
@@ -132,13 +133,22 @@ class CostModel:
         return CostModel(self.free_s, {name: t * scale for name, t in self.row_s.items()}, self.gram_s * scale, True)
 
 
-def _median_time(fn: Callable[[], Any], repeats: int = 3) -> float:
+def cost_clock(device: torch.device | None) -> Callable[[], float]:
+    """The clock of the cost model and of the steps it is checked against: the process's CPU time on a CPU
+    device (what a step costs this process whatever else shares the cores, so a probe at one moment and
+    steps at another compare under a changing load; the benchmarks' "equal CPU time" is the same
+    currency), wall time on an accelerator (its kernels run outside the process's CPU time; the step's
+    one host read waits for them)."""
+    return time.process_time if device is None or device.type == "cpu" else time.perf_counter
+
+
+def _median_time(fn: Callable[[], Any], clock: Callable[[], float], repeats: int = 3) -> float:
     fn()  # warm-up: the per-point engine chooses its path, caches fill
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
@@ -146,24 +156,25 @@ def measure_cost(task: Any, batch: Any, parts: Mapping[str, Part], widths: Mappi
     """:class:`CostModel` of ``task`` on ``batch`` for the auto ``parts`` (their pools; c and J in the
     task's ``constraint_dtype``)."""
     params = [p for p in task.parameters() if p.requires_grad]
+    clock = cost_clock(params[0].device if params else None)
 
     def objective_and_gradient() -> None:
         with torch.enable_grad():
             torch.autograd.grad(task.objective(batch), params, allow_unused=True)
 
-    free = _median_time(objective_and_gradient)
+    free = _median_time(objective_and_gradient, clock)
     promoted = promote_parts(task, parts, getattr(task, "constraint_dtype", "native")) or {}
     row_s = {}
     for name, part in promoted.items():
         probe = part.at(slice(0, PROBE_POINTS))
         spec = [(probe.residual, probe.points, widths[name], probe.data)]
         dtype = probe.at(slice(0, 1)).values().dtype  # c's dtype: float64 when promoted
-        t = _median_time(lambda: task.pointwise_jacobian(task, params, spec, rows=None, dtype=dtype), 2)
+        t = _median_time(lambda: task.pointwise_jacobian(task, params, spec, rows=None, dtype=dtype), clock, 2)
         row_s[name] = t / probe.points.shape[0]
     n = sum(p.numel() for p in params)
     dtype = params[0].dtype if params else torch.float32
     probe_j = torch.randn(GRAM_PROBE_ROWS, n, dtype=dtype, device=params[0].device if params else None)
-    gram = _median_time(lambda: (probe_j @ probe_j.T).to(torch.float64), 2)
+    gram = _median_time(lambda: (probe_j @ probe_j.T).to(torch.float64), clock, 2)
     return CostModel(free, row_s, gram / GRAM_PROBE_ROWS**2)
 
 
@@ -229,7 +240,7 @@ class RowChoice:
         self._step_times: list[float] = []  # the steps' seconds since the last choice (the model's check)
 
     def timed(self, seconds: float) -> None:
-        """Record one training step's duration (the module times its step)."""
+        """Record one training step's duration (the module times its step by :func:`cost_clock`)."""
         self._step_times.append(seconds)
 
     @staticmethod

@@ -273,3 +273,18 @@ def test_the_chosen_points_follow_a_float64_evaluation_of_the_weights() -> None:
     assert c64.dtype == torch.float64
     torch.testing.assert_close(c64, by_hand, rtol=0, atol=1e-15)
     assert 0 < evaluation_floor(model, None) < 1e-5  # float32 c against float64 c: float32 rounding
+
+
+def test_the_cost_clock_is_the_process_cpu_time_on_a_cpu() -> None:
+    """On a CPU the cost model and the steps it is checked against read the process's CPU time (a sleep,
+    which another job's load resembles from this process's side, costs it nothing); elsewhere wall time."""
+    import time
+
+    from lit_constrained.module_parts.row_choice import cost_clock
+
+    assert cost_clock(torch.device("cpu")) is time.process_time and cost_clock(None) is time.process_time
+    assert cost_clock(torch.device("meta")) is time.perf_counter
+    clock = cost_clock(torch.device("cpu"))
+    start = clock()
+    time.sleep(0.2)
+    assert clock() - start < 0.05
