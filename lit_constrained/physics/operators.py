@@ -37,6 +37,13 @@ e.g. ``names=("x", "t")``.
 
 :func:`derivatives` evaluates the value, gradient and (optionally) Hessian in ONE composed transform
 and answers every operator from them, so a residual that needs several terms runs the network once.
+
+**Jets inside transforms.** Inside a transform, a field that has a jet
+(:func:`~lit_constrained.physics.jets.field_jet`: an ``nn.Sequential`` of linear layers and tanh / sigmoid /
+SiLU, or an object with a ``jet`` method) gets its derivatives up to order two from ONE forward pass of
+stacked derivative streams instead of nested ``jvp``: the same values to round-off, and the per-point
+Jacobian w.r.t. the weights about 5x cheaper (:mod:`~lit_constrained.physics.jets`). ``divergence`` and
+orders above two keep the torch.func path.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 from torch.func import jacfwd, jacrev, jvp, vmap
+
+from lit_constrained.physics.jets import Jet, Pair, all_pairs, diagonal_pairs, field_jet
 
 __all__ = [
     "Coordinate",
@@ -103,6 +112,15 @@ def _inside_transform() -> bool:
     Private API, unavoidable: torch.func exposes no public query, and ``torch.autograd.grad`` w.r.t.
     inputs fails inside a transform while torch.func's own path costs ~10x more outside one."""
     return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _jet(u_fn: Field, x: Tensor, pairs: Sequence[Pair] = ()) -> Jet | None:
+    """Inside a torch.func transform (the per-point Jacobian), the field's jet at ``x`` carrying ``pairs``
+    (:mod:`~lit_constrained.physics.jets`); None elsewhere (on an ordinary batch autograd's double backward is the faster: a 100 x 5 MLP's Laplacian
+    objective at 1 024 points, float32, 31 ms against the jet's 41 ms on one Intel Xeon core) or when the
+    field has none."""
+    take = field_jet(u_fn) if _inside_transform() else None
+    return None if take is None else take(x, tuple(pairs))
 
 
 def _tracked(x: Tensor) -> Tensor:
@@ -215,6 +233,8 @@ def partial(
     """
     dim = _check_points(x)
     indices = _wrt_indices(wrt, order, dim, names)
+    if len(indices) <= 2 and (jet := _jet(u_fn, x, [tuple(indices)] if len(indices) == 2 else ())) is not None:
+        return jet.gradient[..., indices[0]] if len(indices) == 1 else jet.second_derivative(*indices)
     if not _inside_transform():
         def successive(derivative: Tensor, z: Tensor) -> Tensor:
             for index in indices:
@@ -267,6 +287,8 @@ def normal_derivative(
     dim = _check_points(x)
     axes = _dims(dims, dim, names)
     direction = _normals_for(x, normals, axes)
+    if (jet := _jet(u_fn, x)) is not None:
+        return (jet.gradient * (direction if jet.gradient.dim() == 2 else direction[:, None, :])).sum(dim=-1)
     if not _inside_transform():
         return _by_autograd(u_fn, x, lambda component, z: (_d(component, z) * direction).sum(dim=1))
     fn = _at_one_point(u_fn)
@@ -295,6 +317,8 @@ def periodic_difference(
 def gradient(u_fn: Field, x: Tensor) -> Tensor:
     r""":math:`\nabla u` at the points ``x`` (N, d): shape (N, d), or (N, k, d) for k components."""
     _check_points(x)
+    if (jet := _jet(u_fn, x)) is not None:
+        return jet.gradient
     if not _inside_transform():
         return _by_autograd(u_fn, x, _d)
     return vmap(jacrev(_at_one_point(u_fn)))(x)
@@ -302,7 +326,9 @@ def gradient(u_fn: Field, x: Tensor) -> Tensor:
 
 def hessian(u_fn: Field, x: Tensor) -> Tensor:
     r"""The Hessian :math:`\partial_{ij} u` at the points ``x`` (N, d): shape (N, d, d) or (N, k, d, d)."""
-    _check_points(x)
+    dim = _check_points(x)
+    if (jet := _jet(u_fn, x, all_pairs(dim))) is not None:
+        return jet.hessian()
     if not _inside_transform():
         return _by_autograd(u_fn, x, _hessian_of)
     return vmap(jacfwd(jacrev(_at_one_point(u_fn))))(x)
@@ -327,6 +353,8 @@ def laplacian(
     """
     dim = _check_points(x)
     axes = _dims(dims, dim, names)
+    if (jet := _jet(u_fn, x, diagonal_pairs(dim, axes))) is not None:
+        return jet.second.sum(dim=-1)
     if not _inside_transform():
         def trace(component: Tensor, z: Tensor) -> Tensor:
             grad = _d(component, z)
@@ -444,6 +472,8 @@ def derivatives(u_fn: Field, x: Tensor, order: int = 2, names: Sequence[str] | N
     known = tuple(names) if names is not None else default_names(dim)
     if names is not None and len(known) != dim:
         raise ValueError(f"names={known} has {len(known)} names for points with d = {dim} coordinates.")
+    if (jet := _jet(u_fn, x, all_pairs(dim) if order == 2 else ())) is not None:
+        return FieldDerivatives(jet.value, jet.gradient, jet.hessian() if order == 2 else None, known)
     if not _inside_transform():
         with torch.enable_grad():
             z = _tracked(x)

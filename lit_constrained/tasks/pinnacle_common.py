@@ -23,7 +23,7 @@ the other sets are whole in every batch.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -33,6 +33,7 @@ from torch import Tensor
 from lit_constrained.imposed import Imposed, check_count
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
+from lit_constrained.physics.jets import Jet, Pair, sequential_jet
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
 from lit_constrained.tasks.datamodule import RowDataModule, Split
 
@@ -70,6 +71,11 @@ class PinnacleTask(ConstrainedModule):
     def forward(self, x: Tensor) -> Tensor:
         """u at the points x (N, input_dim); returns (N,)."""
         return self.net(x)[:, 0]
+
+    def jet(self, x: Tensor, pairs: Sequence[Pair] = ()) -> Jet:
+        """u's value and input derivatives in one pass of the network (the operators use it:
+        :mod:`lit_constrained.physics.jets`)."""
+        return sequential_jet(self.net, x, pairs).component(0)
 
     def residual(self, condition: str) -> Callable[[Tensor], Tensor]:
         """The residual function of ``condition`` (the method ``<condition>_residual``)."""
