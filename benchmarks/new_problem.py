@@ -263,15 +263,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=50, help="record the test error every N steps")
     parser.add_argument("--snapshot-every", type=int, default=500)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--report", action="store_true", help="print the table of --out and exit")
+    parser.add_argument("--report", nargs="*", type=Path, default=None, metavar="RECORDS",
+                        help="print the table of --out (or of these files; a later record of the same run "
+                             "replaces an earlier one) and exit")
     args = parser.parse_args(argv)
     from harness import quiet
     from pinnacle import load
 
     quiet()
     torch.set_num_threads(1)
-    if args.report:
-        print(report(load(args.out)))
+    if args.report is not None:
+        print(report([r for path in (args.report or [args.out]) for r in load(path)]))
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for seed in (int(s) for s in args.seeds.split(",")):
