@@ -12,23 +12,13 @@ medians; the two Jacobians are compared too. Usage::
 from __future__ import annotations
 
 import argparse
-import platform
 
 import torch
 
 from harness import interleaved_medians, repeated  # benchmarks/harness.py (scripts run from benchmarks/)
+from machine import cpu_model  # benchmarks/machine.py
 from lit_constrained.jacobians import pointwise_jacobian
 from lit_constrained.tasks.pinnacle import PINNACLE_NAMES
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main() -> None:
@@ -38,7 +28,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"{cpu_name()}, one thread, torch {torch.__version__}")
+    print(f"{cpu_model()}, one thread, torch {torch.__version__}")
     print("| task | N | J through the jet (ms) | nested jvp (ms) | ratio | max |J_jet - J_nested| / max |J| |")
     print("|---|---|---|---|---|---|")
     for name, task_class in PINNACLE_NAMES.items():

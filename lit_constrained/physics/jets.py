@@ -22,11 +22,13 @@ the PINNacle tasks' 2 -> 100 x 5 -> 1 tanh MLP in float64, the PDE residual's pe
 points: Poisson2d-C's Laplacian 31 ms against 124 ms by nested ``jvp``; Burgers1d-C, Wave1d-C and
 Heat2d-MS (``derivatives``: the full Hessian) 1.5-1.9x faster (``benchmarks/bench_jets.py``).
 
-The operators of :mod:`lit_constrained.physics.operators` use a jet whenever the field has one
-(:func:`field_jet`): an ``nn.Sequential`` of :data:`ACTIVATIONS` and ``nn.Linear`` layers, or any object
-with a ``jet(x, pairs)`` method returning a :class:`Jet` in the field's own shape (a module whose
-``forward`` is ``self.net(x)[:, 0]`` returns ``sequential_jet(self.net, x, pairs).component(0)``). Plain tensor operations: it
-runs inside torch.func transforms and on ordinary batches alike, differentiable w.r.t. the weights.
+Inside torch.func transforms the operators of :mod:`lit_constrained.physics.operators` use a jet whenever
+the field has one (:func:`field_jet`): an ``nn.Sequential`` of :data:`ACTIVATIONS`, ``nn.Identity`` and
+``nn.Linear`` layers, or any object with a ``jet(x, pairs)`` method returning a :class:`Jet` in the field's
+own shape (a module whose ``forward`` is ``self.net(x)[:, 0]`` returns
+``sequential_jet(self.net, x, pairs).component(0)``). A jet is plain tensor operations, differentiable
+w.r.t. the weights, on ordinary batches too; there the operators keep autograd's double backward, the
+faster on a batch.
 """
 
 from __future__ import annotations
@@ -125,8 +127,9 @@ def sequential_jet(net: nn.Sequential, x: Tensor, pairs: Sequence[Pair] = ()) ->
     layers) at the points ``x`` (N, d), in one forward pass of ``1 + d + len(pairs)`` stacked streams."""
     if not _supported(net):
         kinds = sorted({type(layer).__name__ for layer in net} if isinstance(net, nn.Sequential) else {type(net).__name__})
-        raise TypeError(f"a jet passes through nn.Sequential of nn.Linear, nn.Identity and {sorted(t.__name__ for t in ACTIVATIONS)} "
-                        f"layers; got {kinds}.")
+        activations = sorted(t.__name__ for t in ACTIVATIONS)
+        raise TypeError(f"a jet passes through nn.Sequential of nn.Linear, nn.Identity and {activations} layers; "
+                        f"got {kinds}.")
     n, d = x.shape
     pairs = tuple((min(i, j), max(i, j)) for i, j in pairs)
     # streams: 0 the value, 1..d the first derivatives, then the pairs' second derivatives; shape (S, N, width)

@@ -42,7 +42,7 @@ and answers every operator from them, so a residual that needs several terms run
 (:func:`~lit_constrained.physics.jets.field_jet`: an ``nn.Sequential`` of linear layers and tanh / sigmoid /
 SiLU, or an object with a ``jet`` method) gets its derivatives up to order two from ONE forward pass of
 stacked derivative streams instead of nested ``jvp``: the same values to round-off, and the per-point
-Jacobian w.r.t. the weights about 5x cheaper (:mod:`~lit_constrained.physics.jets`). ``divergence`` and
+Jacobian w.r.t. the weights 1.5-4x cheaper (:mod:`~lit_constrained.physics.jets`). ``divergence`` and
 orders above two keep the torch.func path.
 """
 
@@ -116,9 +116,9 @@ def _inside_transform() -> bool:
 
 def _jet(u_fn: Field, x: Tensor, pairs: Sequence[Pair] = ()) -> Jet | None:
     """Inside a torch.func transform (the per-point Jacobian), the field's jet at ``x`` carrying ``pairs``
-    (:mod:`~lit_constrained.physics.jets`); None elsewhere (on an ordinary batch autograd's double backward is the faster: a 100 x 5 MLP's Laplacian
-    objective at 1 024 points, float32, 31 ms against the jet's 41 ms on one Intel Xeon core) or when the
-    field has none."""
+    (:mod:`~lit_constrained.physics.jets`); None elsewhere (on an ordinary batch autograd's double backward
+    is the faster: a 100 x 5 MLP's Laplacian objective at 1 024 points, float32, 31 ms against the jet's
+    41 ms on one Intel Xeon core) or when the field has none."""
     take = field_jet(u_fn) if _inside_transform() else None
     return None if take is None else take(x, tuple(pairs))
 
