@@ -46,6 +46,7 @@ form) and ``rel_l2`` (PINNacle's, over u and a stacked).
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -117,11 +118,13 @@ class InverseTask(ConstrainedModule):
             flux = flux + da.partial(name) * du.partial(name)
         return flux, du
 
-    def pde_residual(self, x: Tensor) -> Tensor:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
+    @abstractmethod
+    def pde_residual(self, x: Tensor) -> Tensor:
+        """The PDE's residual at the points (N, input_dim), the coefficient inside it; (N,)."""
 
-    def coef_exact(self, x: Tensor) -> Tensor:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
+    @abstractmethod
+    def coef_exact(self, x: Tensor) -> Tensor:
+        """The true coefficient a* at the points (N, coef_dim): its known boundary values; (N,)."""
 
     def coef_residual(self, x: Tensor) -> Tensor:
         """:math:`a - a^*` at the coefficient's boundary points (N, coef_dim)."""
