@@ -18,7 +18,7 @@ Two layouts of the constraints over W ranks (a module's ``constraints_shared`` s
 In both layouts the objective value travels in the same buffer and is averaged (as DDP averages the
 gradient), so the whole exchange is ONE collective per step: :func:`gather_step`, which
 :func:`reduce_step` calls in either layout (with shared constraints it also says whether every rank
-computed the same c).
+computed the same c). At the end of a run, :func:`end_process_group` closes the group the run made.
 """
 
 from __future__ import annotations
@@ -177,3 +177,11 @@ def exchanged_numbers(m: int, n: int, world_size: int, shared: bool, with_jacobi
         "sent_per_rank": (world_size - 1) * payload,
         "allreduce_sent_per_rank": (2 * (world_size - 1) * full) // world_size,
     }
+
+
+def end_process_group(grouped_before: bool) -> None:
+    """Destroy the process group this run made (not the caller's) once every rank ended the fit: left to the
+    interpreter's exit, gloo's threads can abort a rank that succeeded (pytorch/pytorch#190489). Only on an
+    agreed end: after an error on one rank the others may still be inside a collective."""
+    if not grouped_before and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

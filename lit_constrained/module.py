@@ -5,17 +5,15 @@ hands its work to the step (:class:`~lit_constrained.stepping.TrainingStepper`) 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
-from torch.optim import Optimizer
 
 from .batch import cast_floats
-from .class_spec import SpecFactory
 from .imposed import Part, PartLayout
 from .jacobians import PointwiseJacobian, constraint_jacobian
 from .module_parts import (
@@ -31,26 +29,20 @@ from .module_parts.row_choice import RowChoice, cost_clock
 from .module_parts.tags import OBJECTIVE, tag
 from .module_parts.trainer_checks import SHARDING_STRATEGIES, requested_precision
 from .module_parts.varying import VARYING_SCALARS_KEY
+from .optim import SQPAdam
 from .stepping import NonFinitePolicy, StepResult, StepServices, TrainingStepper
 
 __all__ = [
     "DEFAULT_OPTIMIZER", "OPTIONAL_CALLBACKS", "SHARDING_STRATEGIES", "VARYING_SCALARS_KEY", "ConstrainedModule",
-    "JacobianMethod", "OptionalCallback", "chosen_callbacks", "default_optimizer", "requested_precision",
+    "JacobianMethod", "OptionalCallback", "chosen_callbacks", "requested_precision",
 ]
 
 DEFAULT_OPTIMIZER: dict[str, Any] = {"class_path": "lit_constrained.optim.SQPAdam", "init_args": {}}
-"""The optimizer when none is given: SQP-Adam with the class's defaults (lr = 1e-3, the full normal
-step ``rho="full"`` and its default safeguard, ``max_normal_step``)."""
-
-
-def default_optimizer(params: Iterable) -> Optimizer:
-    """The default optimizer (:data:`DEFAULT_OPTIMIZER`) over ``params``.
-
-    The module's default is this function, not the dict: a config that names another optimizer then
-    starts from that class's own defaults (a dict default would carry SQP-Adam's values, e.g. its eps,
-    into every class that takes the same argument names). The hyper-parameters store the dict.
-    """
-    return SpecFactory(DEFAULT_OPTIMIZER)(params)
+"""The optimizer when none is given, as the hyper-parameters store it: SQP-Adam with the class's defaults
+(lr = 1e-3, the full normal step ``rho="full"`` and its default safeguard, ``max_normal_step``). The
+module's default is the class itself, a value jsonargparse understands (``--model.optimizer.lr 1e-2``
+sets SQP-Adam's lr); the command line gives a class a config names instead its own defaults
+(:func:`~lit_constrained.cli.fit.parser.with_own_defaults`)."""
 
 
 OptionalCallback = Literal["FitSummary", "RunHealth", "Log10Headlines"]
@@ -159,7 +151,7 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
 
     def __init__(
         self,
-        optimizer: OptimizerCallable = default_optimizer,
+        optimizer: OptimizerCallable = SQPAdam,
         lr_scheduler: LRSchedulerCallable | None = None,
         penalty_weight: float = 0.0,
         on_nonfinite: NonFinitePolicy = "raise",
@@ -177,7 +169,7 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         super().__init__()
         self.automatic_optimization = False
         specs, self.optimizer_factory, self.lr_scheduler_factory = given_factories(
-            optimizer, lr_scheduler, default_optimizer, DEFAULT_OPTIMIZER
+            optimizer, lr_scheduler, SQPAdam, DEFAULT_OPTIMIZER
         )
         self.save_hyperparameters()
         # the hyper-parameters (checkpoint, logger) hold the plain specs, never the callables: a second

@@ -241,33 +241,33 @@ def test_an_lr_override_of_the_default_optimizer_reaches_sqp_adam(tmp_path: Path
     sys.modules.pop("exp_fit", None)
 
 
-def test_the_default_optimizer_is_named_only_where_nothing_names_one(tmp_path: Path, monkeypatch) -> None:
-    from lit_constrained.cli.fit.parser import with_the_default_optimizer as named
+@pytest.mark.parametrize("options, expected", [
+    # a class the config names starts from its own defaults (MoMo's lr 1.0, Adam's eps 1e-8), not SQP-Adam's
+    (["--config", "momo.yaml"], ("MoMo", {"lr": 1.0, "momentum": 0.9})),
+    (["--config", "momo.yaml", "--model.optimizer.lr", "0.5"], ("MoMo", {"lr": 0.5})),
+    (["--model.optimizer.lr", "0.1", "--model.optimizer", "torch.optim.Adam"], ("Adam", {"lr": 0.1, "eps": 1e-8})),
+    (["--model.optimizer", "torch.optim.Adam"], ("Adam", {"lr": 1e-3, "eps": 1e-8})),
+    # the default class keeps what was given and its own defaults for the rest
+    (["--model.init_args.optimizer.init_args.max_normal_step", "null"], ("SQPAdam", {"max_normal_step": None, "eps": 1e-7})),
+    (["--config", "adam.yaml"], ("Adam", {"lr": 5e-4, "eps": 1e-7})),  # what a config gives is kept
+])
+def test_a_named_optimizer_gets_its_own_defaults_for_what_nothing_gave(tmp_path: Path, monkeypatch, options: list[str],
+                                                                       expected: tuple[str, dict]) -> None:
+    from lit_constrained.cli.fit import ConstrainedCLI
 
-    monkeypatch.chdir(tmp_path)
     readme_example(tmp_path)
-    (tmp_path / "adam.yaml").write_text("model:\n  init_args:\n    optimizer: {class_path: torch.optim.Adam}\n")
-    (tmp_path / "top.yaml").write_text("fit:\n  model:\n    class_path: exp_fit.ExpFit\n    init_args:\n"
-                                       "      optimizer: lit_constrained.optim.AdamCon\n")
-    default = "lit_constrained.optim.SQPAdam"
-    given = ["fit", "--config", "exp_fit.yaml", "--trainer.max_steps", "3", *LR_OVERRIDE]
-    assert named(given, default) == [*given[:5], f"--model.init_args.optimizer={default}", *LR_OVERRIDE]
-    unchanged = [
-        ["fit", "--config", "exp_fit.yaml", *LR_OVERRIDE, "--model.optimizer", "AdamCon"],
-        ["fit", "--config", "exp_fit.yaml", "--model.init_args.optimizer.class_path=AdamCon", *LR_OVERRIDE],
-        ["fit", "--config", "exp_fit.yaml", "--config", "adam.yaml", *LR_OVERRIDE],
-        ["--config", "top.yaml", "fit", *LR_OVERRIDE],
-        ["fit", "--config", "exp_fit.yaml", "--model.optimizer.help", "SQPAdam"],
-        ["fit", "--config", "exp_fit.yaml", "--trainer.max_steps", "3"],
-        ["fit", "--config", "missing.yaml", *LR_OVERRIDE],
-    ]
-    for args in unchanged:
-        assert named(args, default) == args, args
-    # a task whose __init__ has an optimizer default of its own keeps it
-    (tmp_path / "own.py").write_text("class Own:\n    def __init__(self, optimizer=None, **kwargs):\n        pass\n")
-    (tmp_path / "own.yaml").write_text("model: {class_path: own.Own}\n")
-    args = ["fit", "--config", "own.yaml", *LR_OVERRIDE]
-    assert named(args, default) == args
+    (tmp_path / "momo.yaml").write_text("model:\n  init_args:\n    optimizer: {class_path: lit_constrained.optim.MoMo}\n")
+    (tmp_path / "adam.yaml").write_text("model:\n  init_args:\n    optimizer:\n      class_path: torch.optim.Adam\n"
+                                        "      init_args: {lr: 5.0e-4, eps: 1.0e-7}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["lit-constrained"])
+    cli = ConstrainedCLI(args=["--config", "exp_fit.yaml", *options], run=False)
+    optimizer = cli.model.configure_optimizers()
+    optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
+    assert type(optimizer).__name__ == expected[0]
+    assert {k: optimizer.defaults[k] for k in expected[1]} == expected[1]
+    sys.modules.pop("exp_fit", None)
 
 
 #: a mistake in the README's example config: (the line replaced, its replacement), the message expected

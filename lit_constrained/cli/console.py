@@ -25,7 +25,6 @@ from lit_constrained import compare  # neither imports torch nor Lightning
 from lit_constrained.cli import help as fit_help
 
 PROG = "lit-constrained"
-DESCRIPTION = "lit-constrained: train networks with hard constraints, inequalities and bounds included (PyTorch Lightning)."
 
 #: LightningCLI's subcommands and what each does, in the words of ``lit-constrained --help``.
 LIGHTNING_SUBCOMMANDS = {
@@ -69,7 +68,7 @@ def bare_print_config_as_empty(argv: Sequence[str]) -> list[str]:
 
 def parser() -> argparse.ArgumentParser:
     """The command line of ``lit-constrained`` (the Lightning subcommands' own options are theirs)."""
-    p = _CommandParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
+    p = _CommandParser(prog=PROG, description=fit_help.DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-c", "--config", action="append", default=[], metavar="CONFIG",
                    help="a config with one section per subcommand (fit: ..., test: ...); for fit, validate, "

@@ -8,6 +8,7 @@ import inspect
 import textwrap
 
 HELP_ALL = "--help-all"
+DESCRIPTION = "lit-constrained: train networks with hard constraints, inequalities and bounds included (PyTorch Lightning)."
 
 #: what ``lit-constrained <subcommand>`` without a config answers (a run needs a task and its data)
 NO_CONFIG = ("no --config given: a run needs a config naming its task and its data (model: class_path: ..., "

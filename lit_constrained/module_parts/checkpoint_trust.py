@@ -14,7 +14,8 @@ and checks every importable name against the allowlist: ``lit_constrained``, ``t
 A checkpoint of another task class (a chemistry checkpoint given to a spring config) is refused before
 anything is restored, as is one whose parameters have other names or shapes than the module's (another
 configuration of the task): one :class:`CheckpointMismatchError` naming the file and both classes
-(:func:`refuse_another_task`, :func:`refuse_other_shapes`). Two classes are "another task" when neither
+(:func:`refuse_another_task`, :func:`refuse_other_shapes`; a command line's ``--ckpt_path``:
+:func:`check_run_checkpoint`). Two classes are "another task" when neither
 is a subclass of the other (a subclass of the task loads its parent's checkpoint, if the shapes fit).
 """
 
@@ -27,12 +28,13 @@ from typing import IO, Any
 import torch
 from torch import Tensor
 
-from ..checkpoint_integrity import CheckpointError
+from ..checkpoint_integrity import CheckpointError, read_checkpoint
 from ..class_spec import (
     TASK_KEY,
     TRUSTED_MODULES,
     check_checkpoint_names,
     class_path_of,
+    class_paths_in,
     import_class,
     importable_names_in,
     imported_class,
@@ -224,6 +226,18 @@ def refuse_other_shapes(checkpoint: Mapping[str, Any], module: torch.nn.Module, 
         f"have {'; '.join(problems)}. It was written by another configuration (e.g. another hidden size or "
         "depth): resume it with the configuration that wrote it, or start fresh (no ckpt_path); nothing was restored."
     )
+
+
+def check_run_checkpoint(ckpt_path: Any, run_config: Mapping[str, Any], model: Any) -> None:
+    """A run's ``ckpt_path`` (the command line's, before LightningCLI reads the file) refused when its
+    hyper-parameters name a class path outside the trusted modules and those of the run's config
+    (``run_config``), or another task than ``model`` (the config's); nothing imported."""
+    if not ckpt_path or not Path(str(ckpt_path)).is_file():
+        return
+    checkpoint = read_checkpoint(ckpt_path, weights_only=True, map_location="cpu", mmap=True)
+    trusted = (*TRUSTED_MODULES, *{path.rpartition(".")[0] for path in class_paths_in(run_config)})
+    check_checkpoint_names(checkpoint, trusted, str(ckpt_path))
+    refuse_another_task(checkpoint, model, str(ckpt_path), trusted=trusted, how="the config's model")
 
 
 def trusted_for_module(module: Any, datamodule: Any = None) -> tuple[str, ...]:

@@ -3,7 +3,8 @@ found before the first step, each with the fix in its message.
 
 At ``configure_callbacks`` (:func:`check_fitting_trainer`) and ``setup`` (:func:`check_trainer`): fp16
 and bf16-true precision, a strategy that shards the parameters, the Trainer's gradient clipping and
-gradient accumulation. At the start of training (:func:`check_training_start`): an lr still None (the
+gradient accumulation; the same from a config before the Trainer is built (:func:`check_trainer_settings`,
+the command line's). At the start of training (:func:`check_training_start`): an lr still None (the
 callback that sets it is missing); as warnings, a hard-constrained optimizer with no constraints to
 impose, a ``ReduceLROnPlateau`` in a fit that never validates, and a ``TensorDataset`` served one row
 per step by DataLoader's default batch size. At the first step (:func:`check_first_step_constraints`),
@@ -16,7 +17,10 @@ fix, and ``lit-constrained`` prints it as one line with exit status 2.
 from __future__ import annotations
 
 from collections.abc import Mapping
+import types
 from typing import Any
+
+import torch
 
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
@@ -97,6 +101,21 @@ def check_trainer(trainer: Any, task_name: str) -> None:
             "Trainer(accumulate_grad_batches=...) is not supported (the constraints and their Jacobian "
             "belong to one point): use a larger batch instead."
         )
+
+
+def check_trainer_settings(config: Mapping[str, Any], task_name: str, asked: Any) -> None:
+    """The Trainer settings of ``config`` a constrained step cannot take (fp16 AMP, bf16-true, sharding,
+    clipping, accumulation) from a config, before the Trainer is built (the command line): refused by
+    :func:`check_trainer`, given them as Lightning would run them and, in ``asked``, as given. For
+    ``16-mixed`` on a CPU Lightning's fallback warning would otherwise come first."""
+    precision = str(config.get("precision") or "32-true")
+    precision = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}.get(precision, precision)
+    on_cpu = config.get("accelerator") == "cpu" or (config.get("accelerator") in (None, "auto")
+                                                    and not torch.cuda.is_available())
+    check_trainer(types.SimpleNamespace(
+        precision="bf16-mixed" if precision == "16-mixed" and on_cpu else precision,  # Lightning's CPU fallback
+        callbacks=[asked], strategy=config.get("strategy"), gradient_clip_val=config.get("gradient_clip_val"),
+        accumulate_grad_batches=config.get("accumulate_grad_batches") or 1), task_name)
 
 
 def check_fitting_trainer(module: Any) -> None:

@@ -3,6 +3,6 @@
 words :mod:`~lit_constrained.cli.fit.hints`): the only part of :mod:`lit_constrained.cli` that imports
 Lightning when imported."""
 
-from lit_constrained.cli.fit.command import ConstrainedCLI, check_trusted_checkpoint, main, run_fit
+from lit_constrained.cli.fit.command import ConstrainedCLI, main, run_fit
 
-__all__ = ["ConstrainedCLI", "check_trusted_checkpoint", "main", "run_fit"]
+__all__ = ["ConstrainedCLI", "main", "run_fit"]

@@ -10,7 +10,6 @@ import logging
 import os
 import re
 import sys
-import types
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -29,15 +28,14 @@ from lit_constrained.module_parts.tensorboard import default_logger
 from lit_constrained.callbacks.progress import LineProgress
 from lit_constrained.callbacks.signals import TrainingInterrupted
 from lit_constrained.callbacks.watchdog import LauncherWatchdog
-from lit_constrained.checkpoint_integrity import read_checkpoint
-from lit_constrained.class_spec import TRUSTED_MODULES, check_checkpoint_names, class_paths_in
 from lit_constrained.cli.fit.parser import (
-    ConstrainedArgumentParser, RunConfigSaver, check_no_dropped_init_args, with_the_default_optimizer,
+    ConstrainedArgumentParser, RunConfigSaver, check_no_dropped_init_args, with_own_defaults,
 )
 from lit_constrained.hints import SetupError
-from lit_constrained.module import DEFAULT_OPTIMIZER, ConstrainedModule
-from lit_constrained.module_parts.checkpoint_trust import refuse_another_task
-from lit_constrained.module_parts.trainer_checks import check_trainer
+from lit_constrained.module import ConstrainedModule
+from lit_constrained.module_parts.checkpoint_trust import check_run_checkpoint
+from lit_constrained.distributed import end_process_group
+from lit_constrained.module_parts.trainer_checks import check_trainer_settings
 
 
 class ConstrainedCLI(LightningCLI):
@@ -59,19 +57,22 @@ class ConstrainedCLI(LightningCLI):
         """LightningCLI's parsing (without its warning about ``args`` beside a command line: the entry points
         pass the one they dispatch) between the checks of :mod:`~lit_constrained.cli.fit.parser` and, after,
         :func:`check_trainer_settings` (before the seed or Lightning's first word) and
-        :func:`check_trusted_checkpoint` (before LightningCLI reads, importing, the checkpoint's names)."""
+        :func:`~lit_constrained.module_parts.checkpoint_trust.check_run_checkpoint`."""
         if isinstance(args, (list, tuple)) or args is None:
             given = list(sys.argv[1:] if args is None else args)
             if dropped := check_no_dropped_init_args(given):
                 parser.argv = given  # (the error's words name the subcommand)
                 parser.error(dropped)
-            named = with_the_default_optimizer(given, DEFAULT_OPTIMIZER["class_path"])
-            args = named if named != given else args
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
             super().parse_arguments(parser, args)
-        check_trusted_checkpoint(self.config)
-        section = self.config.get(str(self.config.get("subcommand")), self.config)
+            given = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else \
+                parser.parse_args(args, defaults=False)  # what the configs and options gave (public parameter)
+        section, given = (self.config, given) if not self.config.get("subcommand") else \
+            (self.config[self.config["subcommand"]], given[self.config["subcommand"]])
+        with_own_defaults(section.get("model"), given.get("model"))
+        if self.config.get("subcommand"):  # before LightningCLI reads, importing, the checkpoint's names
+            check_run_checkpoint(section.get("ckpt_path"), section.as_dict(), section.get("model"))
         task = str(getattr(section.get("model"), "class_path", "Task")).rsplit(".")[-1]
         check_trainer_settings(dict(section.get("trainer") or {}), task, RunConfigSaver(parser, section))
 
@@ -111,21 +112,6 @@ def _as_list(callbacks: Any) -> list[Any]:
     return [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
 
 
-def check_trainer_settings(config: dict[str, Any], task_name: str, asked: pl.Callback) -> None:
-    """The Trainer settings of ``config`` a constrained step cannot take (fp16 AMP, bf16-true, sharding,
-    clipping, accumulation), refused by the module's own check (:func:`~lit_constrained.module_parts.
-    trainer_checks.check_trainer`, given them as Lightning would run them and, in ``asked``, as given)
-    before the Trainer is built: for ``16-mixed`` on a CPU Lightning's fallback warning would come first."""
-    precision = str(config.get("precision") or "32-true")
-    precision = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}.get(precision, precision)
-    on_cpu = config.get("accelerator") == "cpu" or (config.get("accelerator") in (None, "auto")
-                                                    and not torch.cuda.is_available())
-    check_trainer(types.SimpleNamespace(
-        precision="bf16-mixed" if precision == "16-mixed" and on_cpu else precision,  # Lightning's CPU fallback
-        callbacks=[asked], strategy=config.get("strategy"), gradient_clip_val=config.get("gradient_clip_val"),
-        accumulate_grad_batches=config.get("accumulate_grad_batches") or 1), task_name)
-
-
 def quiet_start(record: logging.LogRecord) -> bool:
     """A logging filter without Lightning's start-up lines that tell nothing: an accelerator that is not
     there ("TPU available: False, using: 0 TPU cores") and its tips; a GPU that is there is still said."""
@@ -137,20 +123,6 @@ def quiet_start(record: logging.LogRecord) -> bool:
 #: did not write one), and Lightning's own use of a torch API torch deprecates (nothing a user can change)
 QUIET_WARNINGS = ("No seed found, seed set to 0", "You defined a `validation_step` but have no `val_dataloader`",
                   r"`isinstance\(treespec, LeafSpec\)`")
-
-
-def check_trusted_checkpoint(config: Namespace) -> None:
-    """Refuse a ``ckpt_path`` whose hyper-parameters name a class path outside the trusted modules and the
-    config's (:func:`lit_constrained.class_spec.check_checkpoint_names`) or another task; nothing imported."""
-    subcommand = config.get("subcommand")
-    ckpt_path = config[subcommand].get("ckpt_path") if subcommand else None
-    if not ckpt_path or not os.path.isfile(str(ckpt_path)):
-        return
-    checkpoint = read_checkpoint(ckpt_path, weights_only=True, map_location="cpu", mmap=True)
-    trusted = (*TRUSTED_MODULES, *{path.rpartition(".")[0] for path in class_paths_in(config[subcommand].as_dict())})
-    check_checkpoint_names(checkpoint, trusted, str(ckpt_path))
-    refuse_another_task(checkpoint, config[subcommand].get("model"), str(ckpt_path), trusted=trusted,
-                        how="the config's model")  # before LightningCLI puts the checkpoint's task in place
 
 
 def main(args: Sequence[str] | None = None) -> None:
@@ -202,14 +174,6 @@ def is_package_validation_error(error: BaseException) -> bool:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep)
-
-
-def end_process_group(grouped_before: bool) -> None:
-    """Destroy the process group this run made (not the caller's) once every rank ended the fit: left to the
-    interpreter's exit, gloo's threads can abort a rank that succeeded (pytorch/pytorch#190489). Only on an
-    agreed end: after an error on one rank the others may still be inside a collective."""
-    if not grouped_before and torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 def run_fit(args: Sequence[str] = (), top_level: Sequence[str] = ()) -> None:

@@ -7,8 +7,8 @@ r"""The argument parser of ``lit-constrained``, on public hooks of argparse, jso
   levels down on as the text ``f"--key={value}"``, so the null it read arrived as ``"None"``, a string to
   YAML; the parser's loader (jsonargparse's public ``set_loader``) reads the value ``None`` as null, as
   the help shows a null default. (A config's ``None`` is still the string: the loader reads a whole file.)
-* Before parsing: a class switch that would drop init args (:func:`check_no_dropped_init_args`), an
-  optimizer argument where nothing names the optimizer (:func:`with_the_default_optimizer`).
+* Before parsing: a class switch that would drop init args (:func:`check_no_dropped_init_args`); after,
+  a class a config names starts from its own defaults, not the default class's (:func:`with_own_defaults`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 
 from lit_constrained.class_spec import import_class
 from lit_constrained.cli.fit.hints import config_paths, phrase_error
+from lit_constrained.cli.help import DESCRIPTION
 
 _ROLE, _LITERAL = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`]+)`"), re.compile(r"``([^`]+)``")
 _GREEK = re.compile(r"\\(alpha|beta|gamma|delta|epsilon|zeta|eta|theta|lambda|mu|nu|rho|sigma|tau|phi|omega)(?![a-zA-Z])")
@@ -61,8 +62,6 @@ class PlainHelpFormatter(DefaultHelpFormatter):
 _YAML, PARSER_MODE = get_loader("yaml"), "lit_constrained_yaml"
 set_loader(PARSER_MODE, lambda text: None if text.strip() == "None" else _YAML(text),  # (the module docstring)
            exceptions=(__import__("yaml").YAMLError,))
-
-DESCRIPTION = "lit-constrained: train networks with hard constraints, inequalities and bounds included (PyTorch Lightning)."
 
 
 class ConstrainedArgumentParser(LightningArgumentParser):
@@ -177,29 +176,32 @@ def check_no_dropped_init_args(args: Sequence[str]) -> str | None:
             f"--model.optimizer '{{class_path: {new.__module__}.{new.__name__}, init_args: {{lr: 0.001}}}}', or edit the config")
 
 
-def with_the_default_optimizer(args: Sequence[str], default_class_path: str) -> list[str]:
-    """``args`` with ``--model.init_args.optimizer=<default_class_path>`` before the first option setting an
-    argument of the model's optimizer (``--model.optimizer.lr 1e-2``) when no config, option or task
-    ``__init__`` names the class. Why: ConstrainedModule's default optimizer is a function, so jsonargparse
-    gives such an argument to the annotation's base class ``torch.optim.Optimizer`` (no ``lr``). A class-path
-    default is the module's to give, and jsonargparse would carry its init args into another class a config
-    names (SQP-Adam's eps 1e-7 into torch.optim.Adam: it keeps those the new class takes)."""
-    args = [str(a) for a in args]
-    top, own, subcommand = _split(args)
-    first = None
-    for index, name, value in _options(own):
-        match = _OPTIMIZER_OPTION.match(name)
-        if (name in ("model", "model.init_args") and "optimizer" in value) or (match and match.group(1) in (None, "class_path")):
-            return args  # the class is named on the command line
-        first = index if match and match.group(1) != "help" and first is None else first
-    models = _models(args)
-    if first is None or not all(os.path.isfile(p) for p in config_paths(top + own)) or any(map(_optimizer_of, models)):
-        return args
-    task = _class(str(models[-1].get("class_path"))) if models and models[-1].get("class_path") else None
-    if task is not None and "__init__" in vars(task) and "optimizer" in inspect.signature(task.__init__).parameters:
-        return args  # the task's __init__ has an optimizer default of its own
-    offset = len(top) + (1 if subcommand else 0) + first
-    return [*args[:offset], f"--model.init_args.optimizer={default_class_path}", *args[offset:]]
+def _default_class(task: type) -> type | None:
+    """The class of the ``optimizer`` default of ``task``'s nearest ``__init__`` that takes one."""
+    for owner in task.__mro__:
+        init = vars(owner).get("__init__")
+        parameter = inspect.signature(init).parameters.get("optimizer") if init is not None else None
+        if parameter is not None:
+            default = parameter.default
+            return default if isinstance(default, type) else _class(str(default.get("class_path"))) if isinstance(default, dict) else None
+    return None
+
+
+def with_own_defaults(model: Any, given: Any) -> None:
+    """Every init arg of the model's optimizer that neither a config nor an option gave (``given``: the
+    model section parsed without defaults) is the named class's own default, in place. Why: jsonargparse
+    expands the default class's init args (SQP-Adam's lr 1e-3, eps 1e-7) and keeps those of the same name
+    when a config names another class: MoMo would get lr 1e-3, not its own 1.0."""
+    spec = (model.get("init_args") or {}).get("optimizer") if hasattr(model, "get") else None
+    task = _class(str(model.get("class_path"))) if spec is not None and model.get("class_path") else None
+    named = _class(str(spec.get("class_path"))) if hasattr(spec, "get") and spec.get("init_args") else None
+    if task is None or named is None or named is _default_class(task):
+        return
+    given_spec = ((given.get("init_args") or {}).get("optimizer") if hasattr(given, "get") else None) or {}
+    kept = set((given_spec.get("init_args") or {}).keys()) if hasattr(given_spec, "get") else set()
+    for name, parameter in inspect.signature(named).parameters.items():
+        if name in spec["init_args"] and name not in kept and parameter.default is not parameter.empty:
+            spec["init_args"][name] = parameter.default
 
 
 class RunConfigSaver(SaveConfigCallback):
