@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from lit_constrained import ConstrainedModule, Imposed
 from lit_constrained.module_parts.row_choice import (
-    CHECKPOINT_KEY, CostModel, auto_counts, equal_shares, row_scores, spread_largest,
+    CHECKPOINT_KEY, CostModel, RowChoice, auto_counts, equal_shares, row_scores, spread_largest,
 )
 from tests.helpers.lightning import quiet_trainer
 
@@ -59,6 +59,19 @@ def test_auto_counts_fill_the_budget_by_hand() -> None:
     # with a Gram term: 1 + 0.1 m + 0.01 m^2 <= 3 -> m = 10 (m = 11 costs 3.31)
     gram = CostModel(free_s=1.0, row_s={"a": 0.1}, gram_s=0.01)
     assert auto_counts(gram, 3.0, {"a": 1.0}, {"a": 100}, {"a": 1}, None) == {"a": 10}
+
+
+def test_the_rows_cap_is_the_largest_rank_reported_and_resumes() -> None:
+    """Wave1d-C's ranks as measured: 112 rows of rank 75, then 44 rows of rank 41; the cap stays 75 (the
+    last rank would ratchet it down to 41, then 37, ...), and rises with a larger rank."""
+    choice = RowChoice()
+    assert choice.rows_cap(None, 0) is None
+    assert choice.rows_cap(75, 0) == 75
+    assert choice.rows_cap(41, 0) == 75 and choice.rows_cap(None, 10) == 65
+    assert choice.rows_cap(80, 0) == 80
+    resumed = RowChoice()
+    resumed.load_state_dict(choice.state_dict())
+    assert resumed.max_rank == 80 and resumed.rows_cap(41, 0) == 80
 
 
 def test_a_correction_scales_the_constraint_terms_to_the_measured_step() -> None:
