@@ -39,11 +39,9 @@ def fitted(problem: str, auto: bool, warmup: int) -> tuple[Any, Any]:
     from lit_constrained.tasks import pinnacle
 
     name = problem.capitalize()
-    task_cls, data_cls = getattr(pinnacle, f"{name}Pinnacle"), getattr(pinnacle, f"{name}PinnacleData")
-    zeros = {k: 0 for k in ("n_pde_imposed", "n_boundary_imposed", "n_initial_imposed")
-             if k in data_cls.__init__.__code__.co_varnames}
-    points = {"n_pde": 1024, "n_boundary": 256, **({"n_initial": 256} if problem != "poisson" else {})}
-    data = data_cls(**points, **zeros)
+    task_cls = getattr(pinnacle, f"{name}Pinnacle")
+    initial = {"n_initial": 256, "n_initial_imposed": 0} if problem != "poisson" else {}
+    data = pinnacle.PinnacleData(problem, n_pde=1024, n_boundary=256, n_pde_imposed=0, n_boundary_imposed=0, **initial)
     torch.manual_seed(0)
     if auto:
         model = task_cls(imposed_count="auto", rechoose_every=warmup // 2, num_threads=1)

@@ -49,12 +49,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import io
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +86,11 @@ def recommended(problem: str) -> dict[str, Any]:
     return {"optimizer": model["optimizer"], "lr_scheduler": model.get("lr_scheduler"), "data": config["data"]["init_args"]}
 
 
-def classes(problem: str) -> tuple[type, type]:
+def classes(problem: str) -> tuple[type, Callable[..., Any]]:
+    """The problem's task class and its data (PinnacleData of that problem)."""
     from lit_constrained.tasks import pinnacle
 
-    name = problem.capitalize()
-    return getattr(pinnacle, f"{name}Pinnacle"), getattr(pinnacle, f"{name}PinnacleData")
+    return getattr(pinnacle, f"{problem.capitalize()}Pinnacle"), functools.partial(pinnacle.PinnacleData, problem)
 
 
 def imposed_counts(problem: str, variant: str) -> dict[str, int]:

@@ -11,16 +11,12 @@ from .spring import Spring, SpringData
 from .chemistry import Chemistry, ChemistryData
 from .burgers import Burgers, BurgersData
 from .poisson import Poisson, PoissonData
-from .pinnacle import (
-    BurgersPinnacle, BurgersPinnacleData, HeatPinnacle, HeatPinnacleData, PoissonPinnacle, PoissonPinnacleData,
-    WavePinnacle, WavePinnacleData,
-)
+from .pinnacle import BurgersPinnacle, HeatPinnacle, PinnacleData, PoissonPinnacle, WavePinnacle
 from .pinnacle_inverse import HeatInverse, HeatInverseData, PoissonInverse, PoissonInverseData
 
 __all__ = [
     "Spring", "SpringData", "Chemistry", "ChemistryData", "Burgers", "BurgersData", "Poisson", "PoissonData",
-    "Darcy", "DarcyData", "BurgersPinnacle", "BurgersPinnacleData", "PoissonPinnacle", "PoissonPinnacleData",
-    "WavePinnacle", "WavePinnacleData", "HeatPinnacle", "HeatPinnacleData",
+    "Darcy", "DarcyData", "BurgersPinnacle", "PoissonPinnacle", "WavePinnacle", "HeatPinnacle", "PinnacleData",
     "PoissonInverse", "PoissonInverseData", "HeatInverse", "HeatInverseData",
 ]
 

@@ -15,8 +15,9 @@ or :func:`~lit_constrained.physics.laplacian`, so the per-point Jacobian runs th
 * :class:`HeatPinnacle`: pde :math:`u_t - k_x u_{xx} - k_y u_{yy}`, boundary u on the lateral sides,
   initial :math:`u - \sin(20\pi x)\sin(\pi y)` at t = 0.
 
-The data (points, reference solutions: Cole-Hopf, finite differences, closed forms) live in
-``pinnacle_<problem>_data.py``; ``configs/pinnacle_<problem>/`` holds the runs.
+The data (points, reference solutions: Cole-Hopf, finite differences, closed forms) are generated in
+``pinnacle_<problem>_data.py`` and served by one DataModule, :class:`~lit_constrained.tasks.pinnacle_data.
+PinnacleData` (``problem="wave"``, ...); ``configs/pinnacle_<problem>/`` holds the runs.
 """
 
 from __future__ import annotations
@@ -25,15 +26,16 @@ import torch
 from torch import Tensor
 
 from lit_constrained.physics import derivatives, laplacian
-from lit_constrained.tasks.pinnacle_burgers_data import NU, BurgersPinnacleData, burgers_exact, burgers_initial
-from lit_constrained.tasks.pinnacle_common import PinnacleData, PinnacleTask
-from lit_constrained.tasks.pinnacle_heat_data import DIFFUSIVITY, HeatPinnacleData, heat_exact, heat_initial
-from lit_constrained.tasks.pinnacle_poisson_data import PoissonPinnacleData, solve_reference
-from lit_constrained.tasks.pinnacle_wave_data import SPEED, WavePinnacleData, wave_exact
+from lit_constrained.tasks.pinnacle_burgers_data import NU, burgers_exact, burgers_initial
+from lit_constrained.tasks.pinnacle_common import PinnacleTask
+from lit_constrained.tasks.pinnacle_data import PinnacleData
+from lit_constrained.tasks.pinnacle_heat_data import DIFFUSIVITY, heat_exact, heat_initial
+from lit_constrained.tasks.pinnacle_poisson_data import solve_reference
+from lit_constrained.tasks.pinnacle_wave_data import SPEED, wave_exact
 
 __all__ = [
-    "BurgersPinnacle", "BurgersPinnacleData", "HeatPinnacle", "HeatPinnacleData", "PinnacleData", "PinnacleTask",
-    "PoissonPinnacle", "PoissonPinnacleData", "WavePinnacle", "WavePinnacleData", "burgers_exact", "heat_exact",
+    "BurgersPinnacle", "HeatPinnacle", "PinnacleData", "PinnacleTask",
+    "PoissonPinnacle", "WavePinnacle", "burgers_exact", "heat_exact",
     "solve_reference", "wave_exact",
 ]
 

@@ -36,11 +36,9 @@ import torch
 from torch import Tensor
 
 from lit_constrained.physics import Box, SamplingMethod
-from lit_constrained.tasks.cache import DEFAULT_CACHE_DIR
-from lit_constrained.tasks.pinnacle_common import PinnacleData, as_float64, check_counts
-from lit_constrained.tasks.sampling import BatchMode
+from lit_constrained.tasks.pinnacle_common import as_float64, check_counts
 
-__all__ = ["NU", "DOMAIN", "BurgersPinnacleData", "burgers_exact", "burgers_initial", "burgers_points"]
+__all__ = ["NU", "DOMAIN", "burgers_exact", "burgers_initial", "burgers_points"]
 
 #: PINNacle's viscosity 0.01 / pi
 NU = 0.01 / math.pi
@@ -119,45 +117,3 @@ def burgers_points(
     arrays["x_test"] = x_test
     arrays["u_test"] = burgers_exact(x_test[:, 0], x_test[:, 1])
     return as_float64(arrays)
-
-
-class BurgersPinnacleData(PinnacleData):
-    """Burgers1d-C's points and exact solution (:func:`burgers_points`), cached under ``cache_dir``.
-
-    Args:
-        batch_mode, batch_fraction, num_workers: as every task's data (the PDE points are the rows).
-        n_pde, n_boundary, n_initial: the objective's points inside, on x = ±1, at t = 0.
-        n_pde_imposed, n_boundary_imposed, n_initial_imposed: where each condition is imposed (0: none).
-        n_check: held-out points per condition (validation residuals).
-        n_test_x, n_test_t: the test grid (``val/rel_l2``).
-        method: ``"lhs"``, ``"sobol"``, ``"uniform"`` (``"grid"`` where the counts fit a grid).
-        seed: the objective's points (imposed: seed + 1, check: seed + 2).
-        cache_dir: where the arrays are cached (None: always regenerate).
-    """
-
-    cache_name = "pinnacle_burgers"
-    conditions = ("pde", "boundary", "initial")
-
-    def __init__(
-        self,
-        batch_mode: BatchMode = "full",
-        batch_fraction: float = 0.5,
-        n_pde: int = 1024,
-        n_boundary: int = 256,
-        n_initial: int = 256,
-        n_pde_imposed: int = 25,
-        n_boundary_imposed: int = 12,
-        n_initial_imposed: int = 13,
-        n_check: int = 256,
-        n_test_x: int = 201,
-        n_test_t: int = 101,
-        method: SamplingMethod = "lhs",
-        seed: int = 0,
-        cache_dir: str | None = str(DEFAULT_CACHE_DIR),
-        num_workers: int = 0,
-    ) -> None:
-        super().__init__(batch_mode, batch_fraction, num_workers)
-        self.setup()
-
-    def generate(self, **args: Any) -> dict[str, np.ndarray]:
-        return burgers_points(**args)

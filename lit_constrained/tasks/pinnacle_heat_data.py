@@ -26,11 +26,9 @@ import torch
 from torch import Tensor
 
 from lit_constrained.physics import Box, SamplingMethod
-from lit_constrained.tasks.cache import DEFAULT_CACHE_DIR
-from lit_constrained.tasks.pinnacle_common import PinnacleData, as_float64, check_counts
-from lit_constrained.tasks.sampling import BatchMode
+from lit_constrained.tasks.pinnacle_common import as_float64, check_counts
 
-__all__ = ["DIFFUSIVITY", "FREQUENCY", "DOMAIN", "HeatPinnacleData", "heat_exact", "heat_initial", "heat_points"]
+__all__ = ["DIFFUSIVITY", "FREQUENCY", "DOMAIN", "heat_exact", "heat_initial", "heat_points"]
 
 #: (k_x, k_y)
 DIFFUSIVITY = (1.0 / (500.0 * math.pi) ** 2, 1.0 / math.pi**2)
@@ -81,44 +79,3 @@ def heat_points(
     x_test = DOMAIN.grid((n_test_x, n_test_y, n_test_t))
     arrays["x_test"], arrays["u_test"] = x_test, heat_exact(x_test)
     return as_float64(arrays)
-
-
-class HeatPinnacleData(PinnacleData):
-    """Heat2d-MS's points and exact solution (:func:`heat_points`), cached under ``cache_dir``.
-
-    Args:
-        batch_mode, batch_fraction, num_workers: as every task's data (the PDE points are the rows).
-        n_pde, n_boundary, n_initial: the objective's points inside, on the lateral sides, at t = 0.
-        n_pde_imposed, n_boundary_imposed, n_initial_imposed: where each condition is imposed (0: none).
-        n_check: held-out points per condition. n_test_x, n_test_y, n_test_t: the test grid.
-        method: ``"lhs"``, ``"sobol"``, ``"uniform"``. seed: the objective's points (imposed: + 1, check: + 2).
-        cache_dir: where the arrays are cached (None: always regenerate).
-    """
-
-    cache_name = "pinnacle_heat"
-    conditions = ("pde", "boundary", "initial")
-
-    def __init__(
-        self,
-        batch_mode: BatchMode = "full",
-        batch_fraction: float = 0.5,
-        n_pde: int = 1024,
-        n_boundary: int = 256,
-        n_initial: int = 256,
-        n_pde_imposed: int = 25,
-        n_boundary_imposed: int = 12,
-        n_initial_imposed: int = 13,
-        n_check: int = 256,
-        n_test_x: int = 101,
-        n_test_y: int = 21,
-        n_test_t: int = 11,
-        method: SamplingMethod = "lhs",
-        seed: int = 0,
-        cache_dir: str | None = str(DEFAULT_CACHE_DIR),
-        num_workers: int = 0,
-    ) -> None:
-        super().__init__(batch_mode, batch_fraction, num_workers)
-        self.setup()
-
-    def generate(self, **args: Any) -> dict[str, np.ndarray]:
-        return heat_points(**args)

@@ -59,7 +59,7 @@ from torch import Tensor
 from lit_constrained.physics import Box, SamplingMethod
 from lit_constrained.tasks.cache import DEFAULT_CACHE_DIR
 from lit_constrained.tasks.datamodule import Split
-from lit_constrained.tasks.pinnacle_common import PinnacleData, as_float64, check_counts
+from lit_constrained.tasks.pinnacle_common import PinnaclePoints, as_float64, check_counts
 from lit_constrained.tasks.sampling import BatchMode
 
 __all__ = [
@@ -197,9 +197,9 @@ def hinv_points(
     return as_float64(arrays)
 
 
-class InverseData(PinnacleData):
+class InverseData(PinnaclePoints):
     """An inverse problem's point sets, observations and exact solution as dict batches (float64; the task
-    casts). The PDE points are the rows (all of them in full batch, :class:`PinnacleData`'s); the
+    casts). The PDE points are the rows (all of them in full batch, :class:`~lit_constrained.tasks.pinnacle_common.PinnaclePoints`'s); the
     observations, the coefficient's boundary points and the imposed sets are whole in every batch, the
     check and test sets in the validation and test batches."""
 

@@ -37,12 +37,10 @@ from typing import Any
 import numpy as np
 
 from lit_constrained.physics import Box, Disk, Geometry, SamplingMethod
-from lit_constrained.tasks.cache import DEFAULT_CACHE_DIR
-from lit_constrained.tasks.pinnacle_common import PinnacleData, as_float64, check_counts
-from lit_constrained.tasks.sampling import BatchMode
+from lit_constrained.tasks.pinnacle_common import as_float64, check_counts
 
 __all__ = [
-    "CENTERS", "DOMAIN", "RADIUS", "SQUARE", "PoissonPinnacleData", "boundary_sets", "in_domain", "on_square_sides",
+    "CENTERS", "DOMAIN", "RADIUS", "SQUARE", "boundary_sets", "in_domain", "on_square_sides",
     "poisson_points", "solve_reference",
 ]
 
@@ -182,43 +180,3 @@ def poisson_points(
     arrays["x_test"] = nodes[keep]
     arrays["u_test"] = u[keep]
     return as_float64(arrays)
-
-
-class PoissonPinnacleData(PinnacleData):
-    """Poisson2d-C's points and finite-difference reference (:func:`poisson_points`), cached.
-
-    Args:
-        batch_mode, batch_fraction, num_workers: as every task's data (the PDE points are the rows).
-        n_pde: the objective's interior points. n_boundary: its boundary points (sides + circles).
-        n_pde_imposed, n_boundary_imposed: where the PDE / the boundary values are imposed (0: none).
-        n_check: held-out points (interior, and boundary split as n_boundary).
-        n_reference: the reference grid's intervals per axis (h = 1 / n_reference).
-        test_stride: the test points are every test_stride-th reference node per axis.
-        method: ``"lhs"``, ``"uniform"`` or ``"sobol"``. seed: the objective's points (imposed: + 1, check: + 2).
-        cache_dir: where the arrays are cached (None: always regenerate).
-    """
-
-    cache_name = "pinnacle_poisson"
-    conditions = ("pde", "outer", "holes")
-
-    def __init__(
-        self,
-        batch_mode: BatchMode = "full",
-        batch_fraction: float = 0.5,
-        n_pde: int = 1024,
-        n_boundary: int = 256,
-        n_pde_imposed: int = 25,
-        n_boundary_imposed: int = 25,
-        n_check: int = 256,
-        n_reference: int = 400,
-        test_stride: int = 4,
-        method: SamplingMethod = "lhs",
-        seed: int = 0,
-        cache_dir: str | None = str(DEFAULT_CACHE_DIR),
-        num_workers: int = 0,
-    ) -> None:
-        super().__init__(batch_mode, batch_fraction, num_workers)
-        self.setup()
-
-    def generate(self, **args: Any) -> dict[str, np.ndarray]:
-        return poisson_points(**args)

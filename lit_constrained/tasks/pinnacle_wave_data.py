@@ -25,11 +25,9 @@ import torch
 from torch import Tensor
 
 from lit_constrained.physics import Box, SamplingMethod
-from lit_constrained.tasks.cache import DEFAULT_CACHE_DIR
-from lit_constrained.tasks.pinnacle_common import PinnacleData, as_float64, check_counts
-from lit_constrained.tasks.sampling import BatchMode
+from lit_constrained.tasks.pinnacle_common import as_float64, check_counts
 
-__all__ = ["SPEED", "MODE", "DOMAIN", "WavePinnacleData", "wave_exact", "wave_points"]
+__all__ = ["SPEED", "MODE", "DOMAIN", "wave_exact", "wave_points"]
 
 #: the wave speed C
 SPEED = 2.0
@@ -74,43 +72,3 @@ def wave_points(
     x_test = DOMAIN.grid(n_test)
     arrays["x_test"], arrays["u_test"] = x_test, wave_exact(x_test)
     return as_float64(arrays)
-
-
-class WavePinnacleData(PinnacleData):
-    """Wave1d-C's points and exact solution (:func:`wave_points`), cached under ``cache_dir``.
-
-    Args:
-        batch_mode, batch_fraction, num_workers: as every task's data (the PDE points are the rows).
-        n_pde, n_boundary, n_initial: the objective's points inside, on x = 0, 1, at t = 0.
-        n_pde_imposed, n_boundary_imposed, n_initial_imposed: where each condition is imposed (0: none;
-            an initial point imposes two rows, u and u_t).
-        n_check: held-out points per condition. n_test: nodes per axis of the test grid.
-        method: ``"lhs"``, ``"sobol"``, ``"uniform"``. seed: the objective's points (imposed: + 1, check: + 2).
-        cache_dir: where the arrays are cached (None: always regenerate).
-    """
-
-    cache_name = "pinnacle_wave"
-    conditions = ("pde", "boundary", "initial")
-
-    def __init__(
-        self,
-        batch_mode: BatchMode = "full",
-        batch_fraction: float = 0.5,
-        n_pde: int = 1024,
-        n_boundary: int = 256,
-        n_initial: int = 256,
-        n_pde_imposed: int = 25,
-        n_boundary_imposed: int = 12,
-        n_initial_imposed: int = 13,
-        n_check: int = 256,
-        n_test: int = 101,
-        method: SamplingMethod = "lhs",
-        seed: int = 0,
-        cache_dir: str | None = str(DEFAULT_CACHE_DIR),
-        num_workers: int = 0,
-    ) -> None:
-        super().__init__(batch_mode, batch_fraction, num_workers)
-        self.setup()
-
-    def generate(self, **args: Any) -> dict[str, np.ndarray]:
-        return wave_points(**args)

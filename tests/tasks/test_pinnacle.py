@@ -5,6 +5,7 @@ their conditions (small networks and point counts: the tests take seconds)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import sys
@@ -17,10 +18,7 @@ import torch
 
 from lit_constrained.jacobians import constraint_jacobian
 from lit_constrained.tasks import pinnacle
-from lit_constrained.tasks.pinnacle import (
-    BurgersPinnacle, BurgersPinnacleData, HeatPinnacle, HeatPinnacleData, PoissonPinnacle, PoissonPinnacleData,
-    WavePinnacle, WavePinnacleData,
-)
+from lit_constrained.tasks.pinnacle import BurgersPinnacle, HeatPinnacle, PinnacleData, PoissonPinnacle, WavePinnacle
 from lit_constrained.tasks.pinnacle_burgers_data import NU, burgers_exact
 from lit_constrained.tasks.pinnacle_heat_data import DIFFUSIVITY, heat_exact
 from lit_constrained.tasks.pinnacle_poisson_data import CENTERS, RADIUS
@@ -30,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"n_pde": 12, "n_boundary": 8, "n_pde_imposed": 3, "n_boundary_imposed": 4, "n_check": 6, "cache_dir": None}
 TIMED = {"n_initial": 8, "n_initial_imposed": 3}
 DATA = {
-    "burgers": (BurgersPinnacle, BurgersPinnacleData, {**SMALL, **TIMED, "n_test_x": 9, "n_test_t": 5}),
-    "poisson": (PoissonPinnacle, PoissonPinnacleData, {**SMALL, "n_reference": 40, "test_stride": 4}),
-    "wave": (WavePinnacle, WavePinnacleData, {**SMALL, **TIMED, "n_test": 9}),
-    "heat": (HeatPinnacle, HeatPinnacleData, {**SMALL, **TIMED, "n_test_x": 9, "n_test_y": 3, "n_test_t": 3}),
+    "burgers": (BurgersPinnacle, functools.partial(PinnacleData, "burgers"), {**SMALL, **TIMED, "test_grid": [9, 5]}),
+    "poisson": (PoissonPinnacle, functools.partial(PinnacleData, "poisson"), {**SMALL, "test_grid": [40, 4]}),
+    "wave": (WavePinnacle, functools.partial(PinnacleData, "wave"), {**SMALL, **TIMED, "test_grid": [9]}),
+    "heat": (HeatPinnacle, functools.partial(PinnacleData, "heat"), {**SMALL, **TIMED, "test_grid": [9, 3, 3]}),
 }
 
 
@@ -146,7 +144,28 @@ def test_nothing_imposed_means_no_parts_and_validation_covers_every_condition():
     expected = (model(batch["x_test"]) - batch["u_test"]).norm() / batch["u_test"].norm()
     assert torch.allclose(rel, expected)
     with pytest.raises(ValueError, match="n_pde must be an integer >= 1"):
-        BurgersPinnacleData(n_pde=0, cache_dir=None)
+        PinnacleData("burgers", n_pde=0, cache_dir=None)
+
+
+def test_one_data_module_serves_every_problem_with_its_own_defaults_and_refuses_what_it_lacks():
+    """PinnacleData(problem): an argument left out is the problem's generator's default (Poisson2d-C
+    imposes 25 boundary points by default, Wave1d-C 12), so the arrays equal the generator's own."""
+    from lit_constrained.tasks.pinnacle_poisson_data import poisson_points
+    from lit_constrained.tasks.pinnacle_wave_data import wave_points
+
+    wave = PinnacleData("wave", n_pde=12, n_check=6, test_grid=[9], cache_dir=None)
+    expected = wave_points(n_pde=12, n_check=6, n_test=9)
+    assert wave.arrays.keys() == expected.keys() and all(np.array_equal(wave.arrays[k], expected[k]) for k in expected)
+    assert wave.arrays["x_boundary_imposed"].shape[0] == 12
+    poisson = PinnacleData("poisson", n_pde=12, n_check=6, test_grid=[40, 4], cache_dir=None)
+    assert poisson.arrays["x_outer_imposed"].shape[0] + poisson.arrays["x_holes_imposed"].shape[0] == 25
+    assert np.array_equal(poisson.arrays["u_test"], poisson_points(n_pde=12, n_check=6, n_reference=40)["u_test"])
+    with pytest.raises(ValueError, match="'poisson' has no n_initial"):
+        PinnacleData("poisson", n_initial=8, cache_dir=None)
+    with pytest.raises(ValueError, match=r"test_grid of 'heat' takes 3 sizes \(n_test_x, n_test_y, n_test_t\)"):
+        PinnacleData("heat", test_grid=[9], cache_dir=None)
+    with pytest.raises(ValueError, match="problem must be one of"):
+        PinnacleData("helmholtz", cache_dir=None)
 
 
 @pytest.mark.parametrize("problem", ["poisson", "wave"])
