@@ -23,7 +23,12 @@ post-step corrections) is counted. The budget is split over the auto parts in eq
 (:func:`equal_shares`, a part's cap its pool); which points, by the rule above. The total never
 exceeds the largest rank the step's factorization reported at a choice (``optimizer.diagnostics["rank"]``):
 rows beyond it are dependent and add cost, not constraint (the largest, not the last: the rank of fewer
-rows is at most their number, so the last would only ratchet the count down). The model, settled after its first correction, is kept (checkpoint),
+rows is at most their number, so the last would only ratchet the count down). **The count follows what holds.** At each re-choice the module asks whether the rows imposed since the
+last one held (:meth:`RowChoice.held`: max |c| at the interval's last step at most :data:`HOLD_RATIO` x
+max(max |c| at its first step, 1)); if not, each auto part's count is capped at half of what it was,
+and after each interval that held the cap doubles (the budget still bounds the count). Measured on
+Burgers1d-C: with 23 points a part the newly chosen worst points at the shock did not hold for the last
+300 steps, and the test error went from 0.55 to 2.5. The model, settled after its first correction, is kept (checkpoint),
 so a run resumed after that chooses the same counts and rows as the uninterrupted one, bit for bit.
 
 **The chosen points are kept**, with their per-point data, not only their indices: between re-choices
@@ -57,6 +62,11 @@ from .constraint_precision import promote_parts
 
 CHECKPOINT_KEY = "lit_constrained_row_choice"
 """The checkpoint entry holding the chosen rows, the auto counts' cost model and the choice step."""
+
+HOLD_RATIO = 1e-2
+"""The rows imposed since a choice held when max |c| at the interval's last step is at most this fraction
+of max(max |c| at its first step, 1): the step brought the newly chosen rows' residuals down 100x (or
+below 1e-2 where they started below 1)."""
 
 PROBE_POINTS = 8
 """Points of a part whose per-point Jacobian is timed for the cost model."""
@@ -243,10 +253,27 @@ class RowChoice:
         the rank of fewer rows is at most their number, so the last rank as the cap would only ratchet down
         (measured on Wave1d-C: 112 rows of rank 75, then 44 rows of rank 41, 40 of 37, ...)."""
         self._step_times: list[float] = []  # the steps' seconds since the last choice (the model's check)
+        self.auto_caps: dict[str, int] = {}
+        """Each auto part's most points after an interval whose rows did not hold (:meth:`held`): half its
+        count then, doubled after each interval that held (the cost budget still bounds it)."""
+        self.violations: tuple[Tensor | None, Tensor | None] = (None, None)
+        """max |c| of the imposed rows at the first and at the last step since the last choice (0-dim
+        tensors, read once, at the next choice)."""
 
-    def timed(self, seconds: float) -> None:
-        """Record one training step's duration (the module times its step by :func:`cost_clock`)."""
+    def observed(self, seconds: float, violation: Tensor | None) -> None:
+        """Record one training step: its duration (the module times its step by :func:`cost_clock`) and the
+        max |c| of its imposed rows (a 0-dim tensor, not read here: no host sync a step; None: no rows)."""
         self._step_times.append(seconds)
+        if violation is not None:
+            self.violations = (violation if self.violations[0] is None else self.violations[0], violation)
+
+    def held(self) -> bool | None:
+        """Whether the rows imposed since the last choice held: max |c| at the interval's last step at most
+        :data:`HOLD_RATIO` x max(max |c| at its first step, 1) (None: no step observed)."""
+        first, last = self.violations
+        if first is None or last is None:
+            return None
+        return float(last) <= HOLD_RATIO * max(float(first), 1.0)
 
     @staticmethod
     def counted(parts: Mapping[str, Part] | None) -> dict[str, Imposed]:
@@ -295,8 +322,9 @@ class RowChoice:
                 self.cost = self.cost.corrected(statistics.median(self._step_times[1:]), last, widths)
             fixed_rows = sum(counts[name] * widths[name] for name in counts)
             max_rows = self.rows_cap(_last_rank(task), fixed_rows)
-            counts.update(auto_counts(self.cost, self.budget, equal_shares(auto),
-                                      {n: p.points.shape[0] for n, p in auto.items()}, widths, max_rows))
+            self._update_auto_caps(auto)
+            pools = {n: min(p.points.shape[0], self.auto_caps.get(n, p.points.shape[0])) for n, p in auto.items()}
+            counts.update(auto_counts(self.cost, self.budget, equal_shares(auto), pools, widths, max_rows))
         chosen = {name: spread_largest(counted[name].points, row_scores(values[name], counted[name].sense), k)
                   for name, k in counts.items()}
         shared = getattr(task, "constraints_shared", True)
@@ -309,6 +337,17 @@ class RowChoice:
         self.pools = {name: part.points.shape[0] for name, part in counted.items()}
         self.chosen_at = step
         self._step_times = []
+        self.violations = (None, None)
+
+    def _update_auto_caps(self, auto: Mapping[str, Imposed]) -> None:
+        """After an interval of these auto parts: their caps halved from their counts if the rows did not
+        hold (:meth:`held`), doubled if they held (a cap at or above the pool is dropped)."""
+        held = self.held() if set(self.chosen) >= set(auto) else None
+        if held is False:
+            self.auto_caps = {name: max(1, int(self.chosen[name].numel()) // 2) for name in auto}
+        elif held:
+            self.auto_caps = {name: 2 * cap for name, cap in self.auto_caps.items()
+                              if name in auto and 2 * cap < auto[name].points.shape[0]}
 
     def _kept_part(self, name: str, part: Imposed) -> Imposed:
         """``part`` at its kept points and data (a checkpoint without them: its chosen indices)."""
@@ -340,7 +379,8 @@ class RowChoice:
         cost = None if self.cost is None else dataclasses.asdict(self.cost)
         return {"chosen": {name: index.cpu() for name, index in self.chosen.items()}, "pools": dict(self.pools),
                 "kept": {name: (points.cpu(), _moved(data, torch.device("cpu"))) for name, (points, data) in self.kept.items()},
-                "cost": cost, "chosen_at": self.chosen_at, "max_rank": self.max_rank}
+                "cost": cost, "chosen_at": self.chosen_at, "max_rank": self.max_rank, "auto_caps": dict(self.auto_caps),
+                "violations": [None if v is None else float(v) for v in self.violations]}
 
     def load_state_dict(self, state: Mapping[str, Any], device: torch.device | None = None) -> None:
         self.chosen = {name: torch.as_tensor(index, dtype=torch.long, device=device)
@@ -353,6 +393,9 @@ class RowChoice:
                                                         bool(cost.get("settled", False)))
         self.chosen_at = state.get("chosen_at")
         self.max_rank = state.get("max_rank")
+        self.auto_caps = {name: int(cap) for name, cap in state.get("auto_caps", {}).items()}
+        self.violations = tuple(None if v is None else torch.tensor(float(v), dtype=torch.float64, device=device)
+                                for v in state.get("violations", (None, None)))
 
 
 def _like(kept: Tensor, current: Tensor) -> Tensor:

@@ -74,6 +74,39 @@ def test_the_rows_cap_is_the_largest_rank_reported_and_resumes() -> None:
     assert resumed.max_rank == 80 and resumed.rows_cap(41, 0) == 80
 
 
+def test_rows_that_did_not_hold_halve_the_auto_counts_and_rows_that_held_let_them_grow_back() -> None:
+    """held(): max |c| at the interval's last step <= 1e-2 x max(max |c| at its first, 1); a part's cap is
+    half its count after an interval that did not hold, doubled after one that held, dropped at its pool."""
+    pool = torch.linspace(0, 1, 64)[:, None]
+    auto = {"pde": Imposed(lambda x: x[:, 0], pool, count="auto")}
+    choice = RowChoice()
+    assert choice.held() is None
+    choice.chosen = {"pde": torch.arange(24)}
+    for violation in (4.0, 3.0, 2.5):  # the newly chosen rows came down 1.6x only
+        choice.observed(0.1, torch.tensor(violation))
+    assert choice.held() is False
+    choice._update_auto_caps(auto)
+    assert choice.auto_caps == {"pde": 12}
+    resumed = RowChoice()
+    resumed.load_state_dict(choice.state_dict())
+    assert resumed.auto_caps == {"pde": 12} and resumed.held() is False
+    choice.violations = (None, None)
+    choice.chosen = {"pde": torch.arange(12)}
+    for violation in (4.0, 1e-3, 3e-2):  # 3e-2 <= 1e-2 x 4: held
+        choice.observed(0.1, torch.tensor(violation))
+    assert choice.held() is True
+    choice._update_auto_caps(auto)
+    assert choice.auto_caps == {"pde": 24}
+    choice._update_auto_caps(auto)
+    assert choice.auto_caps == {"pde": 48}
+    choice._update_auto_caps(auto)  # 96 >= the pool's 64: no cap
+    assert choice.auto_caps == {}
+    small = RowChoice()
+    small.observed(0.1, torch.tensor(1e-4))
+    small.observed(0.1, torch.tensor(5e-3))  # started below 1: held below 1e-2
+    assert small.held() is True
+
+
 def test_a_correction_scales_the_constraint_terms_to_the_measured_step() -> None:
     cost = CostModel(free_s=1.0, row_s={"a": 0.1}, gram_s=0.0)
     corrected = cost.corrected(3.0, {"a": 10}, {"a": 1})  # predicted 2.0, measured 3.0: the rows cost 2x
