@@ -23,13 +23,18 @@ post-step corrections) is counted. The budget is split over the auto parts in eq
 (:func:`equal_shares`, a part's cap its pool); which points, by the rule above. The total never
 exceeds the largest rank the step's factorization reported at a choice (``optimizer.diagnostics["rank"]``):
 rows beyond it are dependent and add cost, not constraint (the largest, not the last: the rank of fewer
-rows is at most their number, so the last would only ratchet the count down). **The count follows what holds.** At each re-choice the module asks whether the rows imposed since the
+rows is at most their number, so the last would only ratchet the count down).
+
+**The count follows what holds.** At each re-choice the module asks whether the rows imposed since the
 last one held (:meth:`RowChoice.held`: max |c| at the interval's last step at most :data:`HOLD_RATIO` x
 max(max |c| at its first step, 1)); if not, each auto part's count is capped at half of what it was,
 and after each interval that held the cap doubles (the budget still bounds the count). Measured on
 Burgers1d-C: with 23 points a part the newly chosen worst points at the shock did not hold for the last
-300 steps, and the test error went from 0.55 to 2.5. The model, settled after its first correction, is kept (checkpoint),
-so a run resumed after that chooses the same counts and rows as the uninterrupted one, bit for bit.
+300 steps, and the test error went from 0.55 to 2.5.
+
+The model, settled after its first correction, is kept (checkpoint), with the caps and the interval's
+violations, so a run resumed after that chooses the same counts and rows as the uninterrupted one, bit
+for bit.
 
 **The chosen points are kept**, with their per-point data, not only their indices: between re-choices
 the step imposes the same points even when the pool is a mini-batch that changes every step.
