@@ -191,7 +191,8 @@ def with_own_defaults(model: Any, given: Any) -> None:
     """Every init arg of the model's optimizer that neither a config nor an option gave (``given``: the
     model section parsed without defaults) is the named class's own default, in place. Why: jsonargparse
     expands the default class's init args (SQP-Adam's lr 1e-3, eps 1e-7) and keeps those of the same name
-    when a config names another class: MoMo would get lr 1e-3, not its own 1.0."""
+    when a config names another class: MoMo would get lr 1e-3, not its own 1.0. (``--print_config``
+    prints before this: jsonargparse prints inside its parse, so that page still shows the carried values.)"""
     spec = (model.get("init_args") or {}).get("optimizer") if hasattr(model, "get") else None
     task = _class(str(model.get("class_path"))) if spec is not None and model.get("class_path") else None
     named = _class(str(spec.get("class_path"))) if hasattr(spec, "get") and spec.get("init_args") else None
