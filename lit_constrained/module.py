@@ -139,7 +139,8 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         rechoose_every: steps between the re-choices of the imposed points of a part with a ``count``
             (``Imposed(residual, pool, count=k | "auto")``; :mod:`~lit_constrained.module_parts.row_choice`).
         imposed_cost_ratio: ``count="auto"`` imposes as many points as keep a step within this many
-            unconstrained steps of the same objective (measured at the first choice).
+            unconstrained steps of the same objective (measured at the first choice), never more rows
+            than the rank of J, and half as many after an interval whose rows did not hold.
         default_callbacks: which of the callbacks this module adds to every Trainer
             (:meth:`configure_callbacks`) are added: True (default) all, False none of the optional ones,
             or a list of :data:`OPTIONAL_CALLBACKS` (``["FitSummary"]``; in a config
