@@ -217,14 +217,16 @@ def feasibility_finding(module: Any, batch: Any, end: float | None, optimizer: A
     tol = constraint_tolerance(optimizer)
     if end is None or tol is None or not end > tol:
         return None
+    failure = ""
     try:
         floor: float | None = evaluation_floor(module, batch)
         weights = weight_floor(module, batch)
-    except (RuntimeError, TypeError):  # a network that does not run in float64 as a whole (an FNO's FFTs)
+    except (RuntimeError, TypeError) as error:  # a network that does not run in float64 as a whole (an FNO's FFTs)
         floor, weights = None, weight_floor(module, batch, dtype=None)
+        failure = f" ({type(error).__name__}: {(str(error).splitlines() or [''])[0][:120]})"
     head = (f"the imposed constraints end at max |c| = {end:.2e}, above the optimizer's tolerance {tol:.2e} "
             f"(constraint_tol x max(max |c_1|, 1))")
-    measured = ("the float64 evaluation failed" if floor is None else
+    measured = (f"the network does not run in float64 as a whole{failure}, so no float64 floor" if floor is None else
                 f"the evaluation floor max |c - c_64| at the final weights is {floor:.2e}")
     floors = f"{measured}; one ulp of every weight moves c by {weights:.2e}"
     native = floor is not None and not _evaluates_float64(module, batch)

@@ -169,6 +169,26 @@ def test_tolerance_and_finding():
     assert "train the network in float64" in feasibility_finding(model, batch, at_weights, strict)
 
 
+class _Float32Only(torch.nn.Module):
+    """c = p A - 1 with A a plain float32 attribute (no parameter, no buffer: never cast), so c cannot be
+    evaluated in float64 (a matmul of float64 and float32 raises), as an FNO's spectral weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.tensor([0.5, 2.0]))
+        self.fixed = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+
+    def constraints(self, batch) -> torch.Tensor:
+        return (self.p[None, :] @ self.fixed)[0] - 1.0
+
+
+def test_a_network_that_cannot_run_in_float64_gets_a_finding_that_says_so() -> None:
+    model = _Float32Only()
+    optimizer, _ = _stepped(model, None, 1e-6)
+    finding = feasibility_finding(model, None, 10.0, optimizer)
+    assert "does not run in float64 as a whole (RuntimeError: " in finding and "so no float64 floor" in finding
+
+
 def test_the_module_itself_as_a_promoted_residual_keeps_its_parameters() -> None:
     """``Imposed(self, points)`` in float64: the module registered once in the wrapper (twice, functional_call
     restored it to the swapped float64 tensors, and the optimizer's parameters were no longer the module's)."""
