@@ -66,11 +66,11 @@ class ConstrainedCLI(LightningCLI):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
             super().parse_arguments(parser, args)
-            given = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else \
+            explicit = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else \
                 parser.parse_args(args, defaults=False)  # what the configs and options gave (public parameter)
-        section, given = (self.config, given) if not self.config.get("subcommand") else \
-            (self.config[self.config["subcommand"]], given[self.config["subcommand"]])
-        with_own_defaults(section.get("model"), given.get("model"))
+        section, explicit = (self.config, explicit) if not self.config.get("subcommand") else \
+            (self.config[self.config["subcommand"]], explicit[self.config["subcommand"]])
+        with_own_defaults(section.get("model"), explicit.get("model"))
         if self.config.get("subcommand"):  # before LightningCLI reads, importing, the checkpoint's names
             check_run_checkpoint(section.get("ckpt_path"), section.as_dict(), section.get("model"))
         task = str(getattr(section.get("model"), "class_path", "Task")).rsplit(".")[-1]
