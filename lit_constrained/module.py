@@ -360,8 +360,7 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         clock = cost_clock(self.device)
         started = clock()
         result = self.stepper.step(self, batch, self.step_services())
-        self.row_choice.observed(clock() - started, None if result.constraints is None or not result.constraints.numel()
-                                 else result.constraints.detach().abs().max())
+        self.row_choice.observed(clock() - started, result.constraints)
         if not result.skipped:
             schedulers.step_after_optimizer_step(self.trainer)
         self.last_step = result

@@ -265,11 +265,13 @@ class RowChoice:
         """max |c| of the imposed rows at the first and at the last step since the last choice (0-dim
         tensors, read once, at the next choice)."""
 
-    def observed(self, seconds: float, violation: Tensor | None) -> None:
-        """Record one training step: its duration (the module times its step by :func:`cost_clock`) and the
-        max |c| of its imposed rows (a 0-dim tensor, not read here: no host sync a step; None: no rows)."""
+    def observed(self, seconds: float, constraints: Tensor | None) -> None:
+        """Record one training step: its duration (the module times its step by :func:`cost_clock`) and,
+        while auto parts are imposed (there is a cost model), the max |c| of its imposed rows ``constraints``
+        (a 0-dim tensor, not read here: no host sync a step; None or empty: no rows)."""
         self._step_times.append(seconds)
-        if violation is not None:
+        if self.cost is not None and constraints is not None and constraints.numel():
+            violation = constraints.detach().abs().max()
             self.violations = (violation if self.violations[0] is None else self.violations[0], violation)
 
     def held(self) -> bool | None:

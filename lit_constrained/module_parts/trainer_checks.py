@@ -16,12 +16,11 @@ fix, and ``lit-constrained`` prints it as one line with exit status 2.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 import types
+from collections.abc import Mapping
 from typing import Any
 
 import torch
-
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn

@@ -81,6 +81,7 @@ def test_rows_that_did_not_hold_halve_the_auto_counts_and_rows_that_held_let_the
     auto = {"pde": Imposed(lambda x: x[:, 0], pool, count="auto")}
     choice = RowChoice()
     assert choice.held() is None
+    choice.cost = CostModel(0.01, {"pde": 1e-3}, 0.0, settled=True)  # auto parts imposed: violations kept
     choice.chosen = {"pde": torch.arange(24)}
     for violation in (4.0, 3.0, 2.5):  # the newly chosen rows came down 1.6x only
         choice.observed(0.1, torch.tensor(violation))
@@ -102,6 +103,7 @@ def test_rows_that_did_not_hold_halve_the_auto_counts_and_rows_that_held_let_the
     choice._update_auto_caps(auto)  # 96 >= the pool's 64: no cap
     assert choice.auto_caps == {}
     small = RowChoice()
+    small.cost = choice.cost
     small.observed(0.1, torch.tensor(1e-4))
     small.observed(0.1, torch.tensor(5e-3))  # started below 1: held below 1e-2
     assert small.held() is True
