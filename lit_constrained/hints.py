@@ -17,6 +17,7 @@ arguments in :mod:`lit_constrained.module_parts.optimizer_arguments`, the comman
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -202,3 +203,25 @@ def no_constraints_given_hint(optimizer: str) -> str:
         "automatic optimization passes none), or in a loop of your own call step(constraints=c, jacobian=J); "
         "with nothing to impose, use an unconstrained optimizer such as torch.optim.Adam."
     )
+
+
+#: set (to anything non-empty) to see the traceback of the package's own validation errors
+TRACEBACK_VARIABLE = "LIT_CONSTRAINED_TRACEBACK"
+
+#: the exception types the package's validation raises (``Imposed``, ``optim.checks``, non-finite values,
+#: ``MissingCheckpointError``, a FileNotFoundError); one is the package's only when its code raised it
+PACKAGE_VALIDATION_ERRORS = (ValueError, TypeError, FileNotFoundError, FloatingPointError)
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def is_package_validation_error(error: BaseException) -> bool:
+    """Whether ``error`` is one of :data:`PACKAGE_VALIDATION_ERRORS` raised by a check of this package: its
+    innermost frame is in ``lit_constrained/`` and no other exception caused it (the command line prints
+    such an error as one line)."""
+    if not isinstance(error, PACKAGE_VALIDATION_ERRORS) or error.__cause__ is not None or error.__context__ is not None:
+        return False
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep)

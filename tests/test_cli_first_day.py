@@ -251,8 +251,11 @@ def test_an_lr_override_of_the_default_optimizer_reaches_sqp_adam(tmp_path: Path
     (["--model.init_args.optimizer.init_args.max_normal_step", "null"], ("SQPAdam", {"max_normal_step": None, "eps": 1e-7})),
     (["--config", "adam.yaml"], ("Adam", {"lr": 5e-4, "eps": 1e-7})),  # what a config gives is kept
 ])
-def test_a_named_optimizer_gets_its_own_defaults_for_what_nothing_gave(tmp_path: Path, monkeypatch, options: list[str],
+def test_a_named_optimizer_gets_its_own_defaults_for_what_nothing_gave(tmp_path: Path, monkeypatch, capsys, options: list[str],
                                                                        expected: tuple[str, dict]) -> None:
+    """And ``--print_config`` shows the values the run uses (jsonargparse printed the carried ones: Adam's eps 1e-7)."""
+    import yaml
+
     from lit_constrained.cli.fit import ConstrainedCLI
 
     readme_example(tmp_path)
@@ -267,6 +270,13 @@ def test_a_named_optimizer_gets_its_own_defaults_for_what_nothing_gave(tmp_path:
     optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
     assert type(optimizer).__name__ == expected[0]
     assert {k: optimizer.defaults[k] for k in expected[1]} == expected[1]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as printed:
+        ConstrainedCLI(args=["--config", "exp_fit.yaml", *options, "--print_config"], run=False)
+    assert printed.value.code in (0, None)
+    page = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["optimizer"]
+    assert page["class_path"].rsplit(".", 1)[-1] == expected[0]
+    assert {k: page["init_args"][k] for k in expected[1]} == expected[1]
     sys.modules.pop("exp_fit", None)
 
 

@@ -1,11 +1,16 @@
 """The optimizer and LR scheduler as a module is given them (a class, ``functools.partial(Class, ...)``,
 a ``{"class_path": ..., "init_args": {...}}`` dict, or LightningCLI's callable): the plain specs its
 hyper-parameters store, the factories that build them, and the optimizer built (a ``TypeError`` for an
-argument it does not take gets the hint of :mod:`~lit_constrained.module_parts.optimizer_arguments`).
+argument it does not take gets the hint of :mod:`~lit_constrained.module_parts.optimizer_arguments`); the
+class a config names (:func:`class_named`) and a task's default optimizer class (:func:`default_optimizer_class`),
+which the command line reads.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -13,7 +18,7 @@ from torch.optim import Optimizer
 
 from ..class_spec import SpecFactory, as_class_spec, import_class
 from ..hints import add_hint, unexpected_keyword
-from .optimizer_arguments import optimizer_argument_hint
+from .optimizer_arguments import optimizer_argument_hint, optimizer_classes
 
 Specs = dict[str, dict[str, Any] | None]
 """``{"optimizer": spec, "lr_scheduler": spec or None}``, each spec ``{"class_path", "init_args"}``."""
@@ -49,3 +54,29 @@ def build_optimizer(
         if argument is None or not given.get("class_path"):
             raise
         raise add_hint(error, optimizer_argument_hint(import_class(given["class_path"]), argument))
+
+
+def class_named(path: str) -> type | None:
+    """The class a config names: a full class path (a module next to the working directory importable, as
+    a run imports it) or an optimizer's short name (``SQPAdam``, ``Adam``); None when none is found or its
+    import fails (the parser then reports it)."""
+    if "." not in path:
+        return next((c for c in optimizer_classes() if c.__name__ == path), None)
+    if os.path.isfile(f"{path.split('.')[0]}.py") and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a task next to the config
+    try:
+        return import_class(path)
+    except Exception:  # noqa: BLE001  (any import failure: the caller's parser reports it)
+        return None
+
+
+def default_optimizer_class(task: type) -> type | None:
+    """The class of the ``optimizer`` default of ``task``'s nearest ``__init__`` that takes one (a class or
+    a class-path dict; None otherwise)."""
+    for owner in task.__mro__:
+        init = vars(owner).get("__init__")
+        parameter = inspect.signature(init).parameters.get("optimizer") if init is not None else None
+        if parameter is not None:
+            default = parameter.default
+            return default if isinstance(default, type) else class_named(str(default.get("class_path"))) if isinstance(default, dict) else None
+    return None

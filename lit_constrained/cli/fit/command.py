@@ -29,9 +29,10 @@ from lit_constrained.callbacks.progress import LineProgress
 from lit_constrained.callbacks.signals import TrainingInterrupted
 from lit_constrained.callbacks.watchdog import LauncherWatchdog
 from lit_constrained.cli.fit.parser import (
-    ConstrainedArgumentParser, RunConfigSaver, check_no_dropped_init_args, with_own_defaults,
+    ConstrainedArgumentParser, RunConfigSaver, check_no_dropped_init_args, print_config_request, printed_config,
+    with_own_defaults,
 )
-from lit_constrained.hints import SetupError
+from lit_constrained.hints import TRACEBACK_VARIABLE, SetupError, is_package_validation_error
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.module_parts.checkpoint_trust import check_run_checkpoint
 from lit_constrained.distributed import end_process_group
@@ -53,16 +54,26 @@ class ConstrainedCLI(LightningCLI):
                  **kwargs: Any) -> None:
         super().__init__(model_class, datamodule_class, **{**self.DEFAULTS, **kwargs})
 
+    def init_parser(self, **kwargs: Any) -> Any:
+        """LightningCLI's parser, kept: :attr:`parsers` names each subcommand's (its ``--print_config`` page)."""
+        self._made = [*getattr(self, "_made", []), super().init_parser(**kwargs)]  # the main one, then in order
+        self.parsers = dict(zip(self.subcommands(), self._made[1:]))
+        return self._made[-1]
+
     def parse_arguments(self, parser: Any, args: Any) -> None:
         """LightningCLI's parsing (without its warning about ``args`` beside a command line: the entry points
-        pass the one they dispatch) between the checks of :mod:`~lit_constrained.cli.fit.parser` and, after,
+        pass the one they dispatch) between the checks of :mod:`~lit_constrained.cli.fit.parser` (and its
+        ``--print_config`` page, after :func:`with_own_defaults`) and, after,
         :func:`check_trainer_settings` (before the seed or Lightning's first word) and
         :func:`~lit_constrained.module_parts.checkpoint_trust.check_run_checkpoint`."""
+        printing = None
         if isinstance(args, (list, tuple)) or args is None:
             given = list(sys.argv[1:] if args is None else args)
             if dropped := check_no_dropped_init_args(given):
                 parser.argv = given  # (the error's words name the subcommand)
                 parser.error(dropped)
+            stripped, printing = print_config_request(given)
+            args = stripped if printing is not None else args
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
             super().parse_arguments(parser, args)
@@ -71,6 +82,11 @@ class ConstrainedCLI(LightningCLI):
         section, explicit = (self.config, explicit) if not self.config.get("subcommand") else \
             (self.config[self.config["subcommand"]], explicit[self.config["subcommand"]])
         with_own_defaults(section.get("model"), explicit.get("model"))
+        if printing is not None:
+            flags, of_section = printing
+            page_parser, page = (self.parsers[self.config["subcommand"]], section) if of_section else (parser, self.config)
+            sys.stdout.write(printed_config(page_parser, page, flags))
+            parser.exit()
         if self.config.get("subcommand"):  # before LightningCLI reads, importing, the checkpoint's names
             check_run_checkpoint(section.get("ckpt_path"), section.as_dict(), section.get("model"))
         task = str(getattr(section.get("model"), "class_path", "Task")).rsplit(".")[-1]
@@ -153,27 +169,6 @@ def main(args: Sequence[str] | None = None) -> None:
         if write_failure(error) is None:  # a file system that filled up or turned read-only: its one line, exit 1
             raise
         exit_after_write_failure(error)
-
-
-#: set (to anything non-empty) to see the traceback of the package's own validation errors
-TRACEBACK_VARIABLE = "LIT_CONSTRAINED_TRACEBACK"
-
-#: the exception types the package's validation raises (``Imposed``, ``optim.checks``, non-finite values,
-#: ``MissingCheckpointError``, a FileNotFoundError); one is the package's only when its code raised it
-PACKAGE_VALIDATION_ERRORS = (ValueError, TypeError, FileNotFoundError, FloatingPointError)
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def is_package_validation_error(error: BaseException) -> bool:
-    """Whether ``error`` is one of :data:`PACKAGE_VALIDATION_ERRORS` raised by a check of this package: its
-    innermost frame is in ``lit_constrained/`` and no other exception caused it."""
-    if not isinstance(error, PACKAGE_VALIDATION_ERRORS) or error.__cause__ is not None or error.__context__ is not None:
-        return False
-    tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep)
 
 
 def run_fit(args: Sequence[str] = (), top_level: Sequence[str] = ()) -> None:

@@ -8,13 +8,13 @@ r"""The argument parser of ``lit-constrained``, on public hooks of argparse, jso
   YAML; the parser's loader (jsonargparse's public ``set_loader``) reads the value ``None`` as null, as
   the help shows a null default. (A config's ``None`` is still the string: the loader reads a whole file.)
 * Before parsing: a class switch that would drop init args (:func:`check_no_dropped_init_args`); after,
-  a class a config names starts from its own defaults, not the default class's (:func:`with_own_defaults`).
+  a class a config names starts from its own defaults, not the default class's (:func:`with_own_defaults`),
+  and ``--print_config`` shows that (:func:`print_config_request`).
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import shutil
 import sys
@@ -25,9 +25,9 @@ from typing import Any, NoReturn
 from jsonargparse import DefaultHelpFormatter, get_loader, set_loader
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 
-from lit_constrained.class_spec import import_class
 from lit_constrained.cli.fit.hints import config_paths, phrase_error
 from lit_constrained.cli.help import DESCRIPTION
+from lit_constrained.module_parts.optimizer_specs import class_named, default_optimizer_class
 
 _ROLE, _LITERAL = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`]+)`"), re.compile(r"``([^`]+)``")
 _GREEK = re.compile(r"\\(alpha|beta|gamma|delta|epsilon|zeta|eta|theta|lambda|mu|nu|rho|sigma|tau|phi|omega)(?![a-zA-Z])")
@@ -137,20 +137,6 @@ def _optimizer_of(model: dict) -> Any:
     return model.get("optimizer", (model.get("init_args") or {}).get("optimizer"))
 
 
-def _class(path: str) -> type | None:
-    """The class of a class path or an optimizer's short name (None: not found)."""
-    if "." not in path:
-        from lit_constrained.module_parts.optimizer_arguments import optimizer_classes
-
-        return next((c for c in optimizer_classes() if c.__name__ == path), None)
-    if os.path.isfile(f"{path.split('.')[0]}.py") and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # a task next to the config, as the run imports it
-    try:
-        return import_class(path)
-    except Exception:  # noqa: BLE001  (the parser reports a class that cannot be imported)
-        return None
-
-
 def _same(a: Any, b: Any) -> bool:
     return list(a) == list(b) if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) else a == b
 
@@ -163,7 +149,7 @@ def check_no_dropped_init_args(args: Sequence[str]) -> str | None:
     old = next((o for o in map(_optimizer_of, _models(args)[::-1]) if isinstance(o, dict) and o.get("init_args")), None)
     if not switched or old is None:
         return None
-    new, old_class = _class(switched[-1][1]), _class(str(old.get("class_path")))
+    new, old_class = class_named(switched[-1][1]), class_named(str(old.get("class_path")))
     if new is None or old_class is None or new is old_class:
         return None
     taken, defaults = inspect.signature(new).parameters, inspect.signature(old_class).parameters
@@ -176,33 +162,46 @@ def check_no_dropped_init_args(args: Sequence[str]) -> str | None:
             f"--model.optimizer '{{class_path: {new.__module__}.{new.__name__}, init_args: {{lr: 0.001}}}}', or edit the config")
 
 
-def _default_class(task: type) -> type | None:
-    """The class of the ``optimizer`` default of ``task``'s nearest ``__init__`` that takes one."""
-    for owner in task.__mro__:
-        init = vars(owner).get("__init__")
-        parameter = inspect.signature(init).parameters.get("optimizer") if init is not None else None
-        if parameter is not None:
-            default = parameter.default
-            return default if isinstance(default, type) else _class(str(default.get("class_path"))) if isinstance(default, dict) else None
-    return None
-
-
 def with_own_defaults(model: Any, given: Any) -> None:
     """Every init arg of the model's optimizer that neither a config nor an option gave (``given``: the
     model section parsed without defaults) is the named class's own default, in place. Why: jsonargparse
     expands the default class's init args (SQP-Adam's lr 1e-3, eps 1e-7) and keeps those of the same name
-    when a config names another class: MoMo would get lr 1e-3, not its own 1.0. (``--print_config``
-    prints before this: jsonargparse prints inside its parse, so that page still shows the carried values.)"""
+    when a config names another class: MoMo would get lr 1e-3, not its own 1.0 (and ``--print_config``
+    shows the page after this: :func:`print_config_request`)."""
     spec = (model.get("init_args") or {}).get("optimizer") if hasattr(model, "get") else None
-    task = _class(str(model.get("class_path"))) if spec is not None and model.get("class_path") else None
-    named = _class(str(spec.get("class_path"))) if hasattr(spec, "get") and spec.get("init_args") else None
-    if task is None or named is None or named is _default_class(task):
+    task = class_named(str(model.get("class_path"))) if spec is not None and model.get("class_path") else None
+    named = class_named(str(spec.get("class_path"))) if hasattr(spec, "get") and spec.get("init_args") else None
+    if task is None or named is None or named is default_optimizer_class(task):
         return
     given_spec = ((given.get("init_args") or {}).get("optimizer") if hasattr(given, "get") else None) or {}
     kept = set((given_spec.get("init_args") or {}).keys()) if hasattr(given_spec, "get") else set()
     for name, parameter in inspect.signature(named).parameters.items():
         if name in spec["init_args"] and name not in kept and parameter.default is not parameter.empty:
             spec["init_args"][name] = parameter.default
+
+
+_PRINT_FLAGS = {"": None, "skip_default": "skip_default", "skip_unset": "skip_unset", "skip_null": "skip_unset"}
+
+
+def print_config_request(args: Sequence[str]) -> tuple[list[str], tuple[str, bool] | None]:
+    """``args`` without ``--print_config[=flags]``, and (its flags, whether it follows the subcommand), when a
+    config or an option names the optimizer: :func:`with_own_defaults` resets init args after the parse and
+    jsonargparse prints inside it, so the command prints that page itself (:func:`printed_config`); ``args``
+    and None otherwise (jsonargparse's page is right, and it also prints a config that does not validate)."""
+    top, own, subcommand = _split(args)
+    end = args.index("--") if "--" in args else len(args)
+    asked = [(i, a) for i, a in enumerate(args[:end]) if a.partition("=")[0] == "--print_config"]
+    named = any(_optimizer_of(m) for m in _models(args)) or any(_OPTIMIZER_OPTION.match(n) for _, n, _ in _options(own))
+    flags, of_section = (asked[-1][1].partition("=")[2], subcommand is not None and asked[-1][0] > len(top)) if asked else ("", False)
+    if not asked or not named or not set(flags.split(",")) <= set(_PRINT_FLAGS) or (flags and not of_section):
+        return list(args), None  # (jsonargparse's page; its flags on the main parser: its own error)
+    return [a for i, a in enumerate(args) if i not in {i for i, _ in asked}], (flags, of_section)
+
+
+def printed_config(parser: Any, config: Any, flags: str) -> str:
+    """The ``--print_config[=flags]`` page of the parsed ``config`` by ``parser`` (the subcommand's, for its
+    section), as jsonargparse prints it: its public ``dump`` with the flags' options."""
+    return parser.dump(config, **{"skip_unset": False, **{_PRINT_FLAGS[f]: True for f in flags.split(",") if f}})
 
 
 class RunConfigSaver(SaveConfigCallback):
