@@ -114,8 +114,9 @@ class Imposed:
         sense: ``"="`` (default: ``residual = 0``), ``"<="`` (``residual <= 0``) or ``">="``
             (``residual >= 0``, e.g. ``u - psi >= 0`` for an obstacle ``psi``), for every row of the part.
         count: how many of ``points`` are imposed. None (default): every point. An integer k: k points
-            of the pool ``points``, chosen by the module (the largest residuals, spread over the pool,
-            re-chosen every ``rechoose_every`` steps: :mod:`lit_constrained.module_parts.row_choice`).
+            of the pool ``points``, chosen by the module (spread over the pool, or its largest residuals
+            with ``imposed_choice="largest"``, re-chosen every ``rechoose_every`` steps:
+            :mod:`lit_constrained.module_parts.row_choice`).
             ``"auto"``: the module also chooses how many, within its cost budget (an imposed step at
             most ``imposed_cost_ratio`` times the unconstrained step, measured) and the rank of J.
         data: per-point data handed to the residual beside the points (None, the default: the residual

@@ -25,7 +25,7 @@ from .module_parts.declarations import JacobianMethod
 from .module_parts.schedulers import LrDecay, check_lr_decay, default_decay
 from .module_parts.optimizer_specs import build_optimizer, given_factories
 from .module_parts.row_choice import CHECKPOINT_KEY as ROW_CHOICE_KEY
-from .module_parts.row_choice import RowChoice, cost_clock
+from .module_parts.row_choice import ImposedChoice, RowChoice, cost_clock
 from .module_parts.tags import OBJECTIVE, tag
 from .module_parts.trainer_checks import SHARDING_STRATEGIES, requested_precision
 from .module_parts.varying import VARYING_SCALARS_KEY
@@ -141,6 +141,9 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         imposed_cost_ratio: ``count="auto"`` imposes as many points as keep a step within this many
             unconstrained steps of the same objective (measured at the first choice), never more rows
             than the rank of J, and half as many after an interval whose rows did not hold.
+        imposed_choice: which points of a part with a ``count`` are imposed: ``"spread"`` (default: spread
+            over its pool, farthest-point sampling) or ``"largest"`` (its largest residuals, spread); measured
+            in :mod:`~lit_constrained.module_parts.row_choice`.
         default_callbacks: which of the callbacks this module adds to every Trainer
             (:meth:`configure_callbacks`) are added: True (default) all, False none of the optional ones,
             or a list of :data:`OPTIONAL_CALLBACKS` (``["FitSummary"]``; in a config
@@ -165,6 +168,7 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         lr_decay: LrDecay = "cosine",
         rechoose_every: int = 100,
         imposed_cost_ratio: float = 3.0,
+        imposed_choice: ImposedChoice = "spread",
         default_callbacks: bool | Sequence[OptionalCallback] = True,
     ) -> None:
         super().__init__()
@@ -182,7 +186,7 @@ class ConstrainedModule(checkpoint_trust.TrustedLoading, pl.LightningModule, ABC
         self.pointwise_jacobian = PointwiseJacobian()
         """The per-point Jacobian engine (remembers per residual whether it runs under torch.func)."""
         self._imposed_rows = imposed_rows.ImposedRows()
-        self.row_choice = RowChoice(rechoose_every, imposed_cost_ratio)
+        self.row_choice = RowChoice(rechoose_every, imposed_cost_ratio, imposed_choice)
         """Which points of each part with a ``count`` are imposed (saved in checkpoints)."""
         self.num_threads = num_threads
         self.lr_scheduler_monitor = tag(OBJECTIVE, "val") if lr_scheduler_monitor is None else lr_scheduler_monitor

@@ -1,14 +1,29 @@
 r"""Which points of an imposed part's pool are imposed: ``Imposed(residual, pool, count=k | "auto")``.
 
-**The rule** (:func:`spread_largest`). A part with a count holds a pool of :math:`N` candidate points; k
-of them are imposed. Every ``rechoose_every`` steps (and at the first step) the residual is evaluated at
-the whole pool (values only, no Jacobian) and each point scored by how far its rows are from holding:
-:math:`\max_j |r_{ij}|` for an equality, :math:`\max_j r_{ij}` for ``"<="`` and :math:`\max_j (-r_{ij})`
-for ``">="`` (the least slack). The points are taken greedily, highest score first, skipping any point
-closer than :math:`\rho = \tfrac12 k^{-1/d}` (in the pool's bounding box scaled to the unit cube) to one
-already taken, so the k points are the worst ones *spread over the domain* rather than k neighbours of
-one bad spot; when the skipping leaves fewer than k, the best-scored of the skipped fill up. The rows
-chosen stay the same until the next re-choice (the step sees a fixed set of constraints between).
+**The rule** (``imposed_choice``). A part with a count holds a pool of :math:`N` candidate points; k of
+them are imposed, re-chosen every ``rechoose_every`` steps (and at the first step), the rows kept between.
+
+* ``"spread"`` (the default, :func:`farthest_points`): k points spread over the pool, whatever the
+  residuals: the point nearest the centre of the pool's bounding box (scaled to the unit cube), then each
+  time the pool point farthest from those taken (farthest-point sampling: no pool point is farther from
+  the k taken than twice the best covering radius of any k points). The same pool and k give the same
+  points, so a re-choice moves the rows only when the count or the pool changes.
+* ``"largest"`` (:func:`spread_largest`): the residual is evaluated at the whole pool (values only, no
+  Jacobian) and each point scored by how far its rows are from holding (:math:`\max_j |r_{ij}|` for an
+  equality, :math:`\max_j r_{ij}` for ``"<="``, :math:`\max_j (-r_{ij})` for ``">="``); the points are
+  taken greedily, highest score first, skipping any point closer than :math:`\rho = \tfrac12 k^{-1/d}`
+  (in the unit-scaled box) to one taken, filled up by score when the spacing leaves fewer than k.
+
+Measured on PINNacle's four tasks (the defaults, 2 000 steps on 1 024/256/256 points, seed 0; rel. L2,
+against plain Adam's at the same CPU time; docs/pinnacle.md, ``runs_auto_spread.jsonl`` and
+``runs_auto_hold*.jsonl``): spread, Poisson2d-C 1.36e-2 (0.527), Wave1d-C 0.316 (0.651), Burgers1d-C
+0.448 (0.568), Heat2d-MS 1.06 (1.01); the largest residuals, 3.51e-2 (0.529), 0.355 (0.629), 0.781
+(0.764), 1.30 (1.00). With the counts pinned equal (``runs_rule_*_pinned.jsonl``) the largest residuals
+do better where the solution is smooth (Poisson2d-C 9.1e-3 against 1.35e-2 for a residual-blind spread,
+Wave1d-C 0.36 against 0.46) and worse where they sit on a feature the network cannot yet represent:
+Burgers1d-C's shock (0.78 against 0.36) and Heat2d-MS's ten x-periods (1.41 against 1.06). Spread beats
+Adam on three of the four and is within 5% of it on the fourth, the largest residuals on two: so spread
+is the default.
 
 **How many** (``count="auto"``). The module keeps an imposed step within ``imposed_cost_ratio`` (3)
 times the unconstrained step of the same objective, by a cost model it measures once, at the first
@@ -56,7 +71,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -72,6 +87,9 @@ HOLD_RATIO = 1e-2
 """The rows imposed since a choice held when max |c| at the interval's last step is at most this fraction
 of max(max |c| at its first step, 1): the step brought the newly chosen rows' residuals down 100x (or
 below 1e-2 where they started below 1)."""
+
+ImposedChoice = Literal["spread", "largest"]
+"""Which points of a counted part are imposed: spread over its pool, or its largest residuals spread."""
 
 PROBE_POINTS = 8
 """Points of a part whose per-point Jacobian is timed for the cost model."""
@@ -90,6 +108,31 @@ def row_scores(values: Tensor, sense: str) -> Tensor:
     return torch.nan_to_num(score, nan=math.inf).amax(dim=1)
 
 
+def _unit_box(points: Tensor) -> np.ndarray:
+    """``points`` (N, d) as float64 NumPy coordinates scaled to their unit bounding box."""
+    x = points.detach().to(torch.float64).cpu().numpy()
+    low, high = x.min(axis=0), x.max(axis=0)
+    return (x - low) / np.where(high > low, high - low, 1.0)
+
+
+def farthest_points(points: Tensor, k: int) -> Tensor:
+    """The sorted indices of ``k`` of ``points`` (N, d) spread over them (coordinates scaled to the unit
+    bounding box): the point nearest the box's centre, then each time the point farthest from those taken.
+    All N when k >= N."""
+    n = points.shape[0]
+    if k >= n:
+        return torch.arange(n, device=points.device)
+    if k <= 0:
+        return torch.zeros(0, dtype=torch.long, device=points.device)
+    x = _unit_box(points)
+    taken = [int(np.argmin(((x - 0.5) ** 2).sum(axis=1)))]
+    nearest = ((x - x[taken[0]]) ** 2).sum(axis=1)  # squared distance to the nearest point taken
+    while len(taken) < k:
+        taken.append(int(np.argmax(nearest)))
+        nearest = np.minimum(nearest, ((x - x[taken[-1]]) ** 2).sum(axis=1))
+    return torch.as_tensor(sorted(taken), dtype=torch.long, device=points.device)
+
+
 def spread_largest(points: Tensor, scores: Tensor, k: int) -> Tensor:
     r"""The sorted indices of ``k`` of ``points`` (N, d): the highest ``scores`` first, none closer than
     :math:`\tfrac12 k^{-1/d}` to one taken (coordinates scaled to the pool's unit bounding box), filled
@@ -99,9 +142,7 @@ def spread_largest(points: Tensor, scores: Tensor, k: int) -> Tensor:
         return torch.arange(n, device=points.device)
     if k <= 0:
         return torch.zeros(0, dtype=torch.long, device=points.device)
-    x = points.detach().to(torch.float64).cpu().numpy()
-    low, high = x.min(axis=0), x.max(axis=0)
-    x = (x - low) / np.where(high > low, high - low, 1.0)
+    x = _unit_box(points)
     radius2 = (0.5 * k ** (-1.0 / x.shape[1])) ** 2
     order = np.argsort(-scores.cpu().numpy(), kind="stable")
     blocked = np.zeros(n, dtype=bool)
@@ -233,17 +274,22 @@ class RowChoice:
     Args:
         every: steps between re-choices (``rechoose_every``).
         budget: the auto counts' cost bound, in unconstrained steps (``imposed_cost_ratio``).
+        rule: which points (``imposed_choice``): ``"spread"`` or ``"largest"`` (the module docstring).
     """
 
-    def __init__(self, every: int = 100, budget: float = 3.0) -> None:
+    def __init__(self, every: int = 100, budget: float = 3.0, rule: ImposedChoice = "spread") -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"rechoose_every must be an integer >= 1 (steps between re-choices), got {every!r}.")
         if not isinstance(budget, (int, float)) or not budget > 1:
             raise ValueError(
                 f"imposed_cost_ratio must be a number > 1 (an imposed step's cost in unconstrained steps), got {budget!r}."
             )
+        if rule not in get_args(ImposedChoice):
+            raise ValueError(f"imposed_choice must be one of {', '.join(map(repr, get_args(ImposedChoice)))} (which "
+                             f"points of a counted part are imposed), got {rule!r}.")
         self.every = every
         self.budget = float(budget)
+        self.rule = rule
         self.chosen: dict[str, Tensor] = {}
         """Each counted part's imposed points: sorted indices into its pool."""
         self.kept: dict[str, tuple[Tensor, Any]] = {}
@@ -313,7 +359,7 @@ class RowChoice:
         return False
 
     def choose(self, task: Any, batch: Any, parts: Mapping[str, Part], step: int) -> None:
-        """Choose every counted part's points at the current weights (:func:`spread_largest`)."""
+        """Choose every counted part's points at the current weights (by :attr:`rule`)."""
         counted = self.counted(parts)
         with torch.enable_grad():
             values = {name: _as_rows(part.values()).detach() for name, part in counted.items()}
@@ -332,8 +378,11 @@ class RowChoice:
             self._update_auto_caps(auto)
             pools = {n: min(p.points.shape[0], self.auto_caps.get(n, p.points.shape[0])) for n, p in auto.items()}
             counts.update(auto_counts(self.cost, self.budget, equal_shares(auto), pools, widths, max_rows))
-        chosen = {name: spread_largest(counted[name].points, row_scores(values[name], counted[name].sense), k)
-                  for name, k in counts.items()}
+        if self.rule == "spread":
+            chosen = {name: farthest_points(counted[name].points, k) for name, k in counts.items()}
+        else:
+            chosen = {name: spread_largest(counted[name].points, row_scores(values[name], counted[name].sense), k)
+                      for name, k in counts.items()}
         shared = getattr(task, "constraints_shared", True)
         self.chosen = _same_on_every_rank(chosen, shared)
         self.kept = {}

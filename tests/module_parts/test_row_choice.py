@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from lit_constrained import ConstrainedModule, Imposed
 from lit_constrained.module_parts.row_choice import (
-    CHECKPOINT_KEY, CostModel, RowChoice, auto_counts, equal_shares, row_scores, spread_largest,
+    CHECKPOINT_KEY, CostModel, RowChoice, auto_counts, equal_shares, farthest_points, row_scores, spread_largest,
 )
 from tests.helpers.lightning import quiet_trainer
 
@@ -38,6 +38,40 @@ def test_without_room_the_best_scored_fill_up() -> None:
     x = torch.cat([torch.linspace(0, 1e-3, 10), torch.tensor([1.0])])[:, None]
     score = torch.arange(11, dtype=torch.float64)  # the far point scores highest
     assert spread_largest(x, score, 5).tolist() == [6, 7, 8, 9, 10]
+
+
+def test_spread_points_are_the_farthest_ones_whatever_the_pool_order() -> None:
+    """101 points of [0, 1]: the centre first, then the ends, then the quarters, as a hand count says; the
+    same coordinates from the pool shuffled."""
+    x = torch.linspace(0, 1, 101, dtype=torch.float64)[:, None]
+    assert farthest_points(x, 3).tolist() == [0, 50, 100]
+    assert farthest_points(x, 5).tolist() == [0, 25, 50, 75, 100]
+    order = torch.randperm(101, generator=torch.Generator().manual_seed(0))
+    shuffled = x[order]
+    assert sorted(shuffled[farthest_points(shuffled, 5), 0].tolist()) == x[[0, 25, 50, 75, 100], 0].tolist()
+    assert farthest_points(x, 200).tolist() == list(range(101)) and farthest_points(x, 0).numel() == 0
+
+
+def test_spread_points_cover_the_pool_within_twice_the_best_covering_radius() -> None:
+    """30 random points of a 3 x 1 box (scaled to the unit square, as the rule scales), k = 3: the largest
+    distance of a pool point to the chosen ones is at most twice the least over all 4 060 triples (brute
+    force)."""
+    import itertools
+
+    points = torch.rand(30, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * torch.tensor([3.0, 1.0])
+    unit = (points - points.min(0).values) / (points.max(0).values - points.min(0).values)
+    distances = torch.cdist(unit, unit)
+
+    def covering(index: list[int]) -> float:
+        return float(distances[:, index].min(dim=1).values.max())
+
+    best = min(covering(list(triple)) for triple in itertools.combinations(range(30), 3))
+    assert covering(farthest_points(points, 3).tolist()) <= 2 * best + 1e-12
+
+
+def test_an_unknown_choice_rule_is_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="imposed_choice must be one of 'spread', 'largest'"):
+        RowChoice(rule="worst")
 
 
 def test_scores_follow_the_sense() -> None:
@@ -128,6 +162,7 @@ class Bumps(ConstrainedModule):
     -g has its largest values at g's two peaks (x = 0.2 and 0.7), which the first choice must take."""
 
     def __init__(self, count: Any = 2, **kwargs: Any) -> None:
+        kwargs.setdefault("imposed_choice", "largest")  # the rule whose known best points these tests name
         super().__init__(**kwargs)
         torch.manual_seed(0)
         self.net = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
@@ -169,6 +204,16 @@ def test_a_re_choice_moves_the_rows_and_the_step_accepts_the_new_m() -> None:
     model = Bumps(count=2, rechoose_every=5, lr_decay="none")
     quiet_trainer(max_steps=6, limit_val_batches=0).fit(model, train_dataloaders=_loader())
     assert model.row_choice.chosen_at == 5 and model.row_choice.chosen["fit"].tolist() != [20, 70]
+
+
+def test_spread_rows_ignore_the_residuals_and_stay_at_a_re_choice_of_the_same_count() -> None:
+    """The default rule: the bumps' peaks (0.2, 0.7) are not what it takes; the centre and the ends are, and
+    a re-choice of the same count on the same pool keeps them."""
+    model = Bumps(count=3, rechoose_every=5, lr_decay="none", imposed_choice="spread")
+    model.constraints(None)
+    assert model.row_choice.chosen["fit"].tolist() == [0, 50, 100]
+    quiet_trainer(max_steps=11, limit_val_batches=0).fit(model, train_dataloaders=_loader())
+    assert model.row_choice.chosen_at == 10 and model.row_choice.chosen["fit"].tolist() == [0, 50, 100]
 
 
 def test_auto_measures_its_cost_and_stays_within_the_pool_and_the_summary_names_it(capsys: pytest.CaptureFixture) -> None:
