@@ -5,7 +5,6 @@ wrapped at spaces only."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys

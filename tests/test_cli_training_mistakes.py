@@ -4,7 +4,6 @@ of the user's own code keeps its traceback."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lit_constrained.imposed import Coupled, Imposed, PartLayout
 from lit_constrained.module import ConstrainedModule
-from lit_constrained.optim import AdamCon, SQPAdam
+from lit_constrained.optim import AdamCon
 from tests.helpers.lightning import MemoryLogger, quiet_trainer
 
 F64 = torch.float64

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lit_constrained.batch import cast_floats
-from lit_constrained.imposed import Coupled, Imposed, Part
+from lit_constrained.imposed import Coupled, Part
 from lit_constrained.optim.hyperparameters import STATE_KEY
 
 ConstraintDType = Literal["native", "float64"]

@@ -23,7 +23,6 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from lit_constrained.tasks.datamodule import RowDataModule, Split

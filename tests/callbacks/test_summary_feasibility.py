@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import warnings
 
-import pytest
 import torch
 
 from lit_constrained.module_parts.constraint_precision import WARN_AFTER_STEPS

@@ -16,7 +16,6 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lit_constrained import ConstrainedModule, Imposed
 from lit_constrained.jacobians.pointwise import PointwiseJacobian
 
 HERE = Path(__file__).resolve().parent

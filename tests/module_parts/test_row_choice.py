@@ -5,12 +5,9 @@ every DDP rank."""
 from __future__ import annotations
 
 import math
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from torch.utils.data import DataLoader

@@ -21,7 +21,7 @@ from lit_constrained.jacobians import real_view
 from lit_constrained.optim import AdamCon, ConstantStepAdam, MoMo, MoMoAdam, SQPAdam, SQPHeavyBall
 from lit_constrained.optim.experimental import SQPMoMo, SQPMoMoAdam
 from lit_constrained.optim.state import STATE_KEY
-from tests.optim.test_contract import REGISTRY, all_params, make_params, prepare, run, saved
+from tests.optim.test_contract import REGISTRY, make_params, run, saved
 
 CONSTRAINED = [info for info in REGISTRY if info.constrained]
 VECTORS = {SQPHeavyBall: ("momentum",), SQPAdam: ("momentum", "second_moment"), AdamCon: ("exp_avg", "exp_avg_sq"),

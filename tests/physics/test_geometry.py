@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_constrained.physics import Box, BoundarySample, Disk, Geometry
+from lit_constrained.physics import Box, Disk, Geometry
 from lit_constrained.physics.collocation import allocate, unit_interval_sample
 from lit_constrained.physics.geometry import BoundaryCurve
 
