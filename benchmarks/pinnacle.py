@@ -27,9 +27,9 @@ initial weights: their hash is recorded) on the same points (the task's data mod
   gives up on a direction that is not a descent direction) starts the history again (counted in the
   record's ``restarts``);
 
-Equal steps AND equal CPU time: the recommended run goes first; ``adam`` and ``lbfgs`` then run until
-both ``--steps`` steps and the recommended run's CPU time (``time.process_time``, the evaluations left
-out) are reached. Every ``--every`` steps the test error is recorded with the CPU time so far, so one
+Equal steps AND equal CPU time: the recommended (and/or auto) run goes first; ``adam`` and ``lbfgs`` then
+run until both ``--steps`` steps and the longer of those runs' CPU time in ``--out`` (``time.process_time``,
+the evaluations left out) are reached. Every ``--every`` steps the test error is recorded with the CPU time so far, so one
 run gives both comparisons: at equal steps (the record at ``--steps``) and at equal CPU time (the last
 record within the recommended run's CPU time).
 
@@ -495,11 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         if key in done:
             print(f"{problem} {variant}: recorded already, skipped", flush=True)
             continue
-        budget = 0.0
-        for r in records:
-            if (r["problem"], r["variant"], r["steps"], r["points"], r["seed"]) == (
-                    problem, "recommended", args.steps, points, args.seed):
-                budget = r["trajectory"][-1][1]
+        budget = max([r["trajectory"][-1][1] for r in records if r["variant"] in ("recommended", "auto") and
+                      (r["problem"], r["steps"], r["points"], r["seed"]) == (problem, args.steps, points, args.seed)],
+                     default=0.0)
         timed_against = variant in ("adam", "lbfgs")
         snapshot = Snapshot(args.out.with_name(args.out.name + ".partial"), key, args.snapshot_every)
         record = run_one(problem, variant, args.steps, points, args.seed, args.every,
