@@ -33,8 +33,8 @@ its points, in the dtype c and J are evaluated in) and :math:`g\,m^2` the Gram p
 of the step (timed on a probe of the network's size), all by :func:`cost_clock` (the process's CPU time
 on a CPU). The model is then checked against the steps it
 predicts: at each re-choice the measured mean step time since the last one corrects the constraint
-terms (:meth:`CostModel.corrected`), so what the probe misses (the optimizer's own products, its
-post-step corrections) is counted. The budget is split over the auto parts in equal numbers of points
+terms (:meth:`CostModel.corrected`, with :math:`t_f` measured again then, warm), so what the probe
+misses (the optimizer's own products, its post-step corrections) is counted. The budget is split over the auto parts in equal numbers of points
 (:func:`equal_shares`, a part's cap its pool); which points, by the rule above. The total never
 exceeds the largest rank the step's factorization reported at a choice (``optimizer.diagnostics["rank"]``):
 rows beyond it are dependent and add cost, not constraint (the largest, not the last: the rank of fewer
@@ -209,17 +209,24 @@ def _median_time(fn: Callable[[], Any], clock: Callable[[], float], repeats: int
     return statistics.median(times)
 
 
-def measure_cost(task: Any, batch: Any, parts: Mapping[str, Part], widths: Mapping[str, int]) -> CostModel:
-    """:class:`CostModel` of ``task`` on ``batch`` for the auto ``parts`` (their pools; c and J in the
-    task's ``constraint_dtype``)."""
+def measure_free(task: Any, batch: Any, repeats: int = 3) -> float:
+    """:math:`t_f`: the seconds of ``task``'s objective on ``batch`` and its gradient (by :func:`cost_clock`,
+    the median of ``repeats`` after a warm-up)."""
     params = [p for p in task.parameters() if p.requires_grad]
-    clock = cost_clock(params[0].device if params else None)
 
     def objective_and_gradient() -> None:
         with torch.enable_grad():
             torch.autograd.grad(task.objective(batch), params, allow_unused=True)
 
-    free = _median_time(objective_and_gradient, clock)
+    return _median_time(objective_and_gradient, cost_clock(params[0].device if params else None), repeats)
+
+
+def measure_cost(task: Any, batch: Any, parts: Mapping[str, Part], widths: Mapping[str, int]) -> CostModel:
+    """:class:`CostModel` of ``task`` on ``batch`` for the auto ``parts`` (their pools; c and J in the
+    task's ``constraint_dtype``)."""
+    params = [p for p in task.parameters() if p.requires_grad]
+    clock = cost_clock(params[0].device if params else None)
+    free = measure_free(task, batch)
     promoted = promote_parts(task, parts, getattr(task, "constraint_dtype", "native")) or {}
     row_s = {}
     for name, part in promoted.items():
@@ -372,7 +379,10 @@ class RowChoice:
                 self.cost = measure_cost(task, batch, auto, widths)
             elif not self.cost.settled and len(self._step_times) >= 3 and set(self.chosen) == set(counted):
                 last = {name: int(self.chosen[name].numel()) for name in auto}
-                self.cost = self.cost.corrected(statistics.median(self._step_times[1:]), last, widths)
+                # t_f again, warm: measured at a fit's first step it read up to 1.4x the steady one (Burgers1d-C:
+                # 41 ms against 30 ms after 110 steps), and the budget is a multiple of it
+                warm = dataclasses.replace(self.cost, free_s=measure_free(task, batch, repeats=5))
+                self.cost = warm.corrected(statistics.median(self._step_times[1:]), last, widths)
             fixed_rows = sum(counts[name] * widths[name] for name in counts)
             max_rows = self.rows_cap(_last_rank(task), fixed_rows)
             self._update_auto_caps(auto)

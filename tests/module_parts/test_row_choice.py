@@ -223,6 +223,28 @@ def test_auto_measures_its_cost_and_stays_within_the_pool_and_the_summary_names_
     assert f"imposed      fit {points} of 101 points (chosen from the pools, every 10 steps)" in capsys.readouterr().out
 
 
+def test_the_correction_measures_the_free_step_again_warm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """t_f as the first choice read it (0.5 s, injected) and as the correction reads it (0.25 s): the settled
+    model keeps the second, and its rows are scaled against it (measured steps of 1 s: every constraint term
+    scaled by (1 - 0.25) over what the first model predicted for them at the counts imposed)."""
+    import lit_constrained.module_parts.row_choice as row_choice
+
+    free_times = iter([0.5, 0.25])
+    monkeypatch.setattr(row_choice, "measure_free", lambda task, batch, repeats=3: next(free_times))
+    model = Bumps(count="auto", rechoose_every=10, lr_decay="none")
+    model.constraints(None)  # the first choice: the probe's model, t_f = 0.5
+    first = model.row_choice.cost
+    assert first.free_s == 0.5 and not first.settled
+    counts = {"fit": int(model.row_choice.chosen["fit"].numel())}
+    for _ in range(5):
+        model.row_choice.observed(1.0, None)  # the steps since, as the module's clock would report them: 1 s each
+    model.row_choice.choose(model, None, model.imposed(None), 10)
+    settled = model.row_choice.cost
+    assert settled.settled and settled.free_s == 0.25
+    predicted = first.step_s(counts, {"fit": 1}) - first.free_s
+    assert settled.row_s["fit"] == pytest.approx(first.row_s["fit"] * (1.0 - 0.25) / predicted)
+
+
 def _fit_to(directory: Path, steps: int, resume: bool, count: Any = "auto") -> Bumps:
     from lit_constrained.callbacks.checkpointing import CrashSafeCheckpoint
 
