@@ -14,16 +14,14 @@ them are imposed, re-chosen every ``rechoose_every`` steps (and at the first ste
   taken greedily, highest score first, skipping any point closer than :math:`\rho = \tfrac12 k^{-1/d}`
   (in the unit-scaled box) to one taken, filled up by score when the spacing leaves fewer than k.
 
-Measured on PINNacle's four tasks (the defaults, 2 000 steps on 1 024/256/256 points, seed 0; rel. L2,
-against plain Adam's at the same CPU time; docs/pinnacle.md, ``runs_auto_spread.jsonl`` and
-``runs_auto_hold*.jsonl``): spread, Poisson2d-C 1.36e-2 (0.527), Wave1d-C 0.316 (0.651), Burgers1d-C
-0.448 (0.568), Heat2d-MS 1.06 (1.01); the largest residuals, 3.51e-2 (0.529), 0.355 (0.629), 0.781
-(0.764), 1.30 (1.00). With the counts pinned equal (``runs_rule_*_pinned.jsonl``) the largest residuals
-do better where the solution is smooth (Poisson2d-C 9.1e-3 against 1.35e-2 for a residual-blind spread,
-Wave1d-C 0.36 against 0.46) and worse where they sit on a feature the network cannot yet represent:
-Burgers1d-C's shock (0.78 against 0.36) and Heat2d-MS's ten x-periods (1.41 against 1.06). Spread beats
-Adam on three of the four and is within 5% of it on the fourth, the largest residuals on two: so spread
-is the default.
+Measured on PINNacle's four tasks (the defaults, 2 000 steps on 1 024/256/256 points, rel. L2 against
+plain Adam's on the same machine at the same CPU time; docs/pinnacle.md, "Against the targets"): spread,
+seed 0, Poisson2d-C 9.7e-3 (Adam 0.53), Wave1d-C 0.33 (0.55), Burgers1d-C 0.17 (0.46), Heat2d-MS 1.07
+(0.91); the largest residuals lost Burgers1d-C (0.78 against 0.45) and Heat2d-MS (1.30 against 0.91).
+With the counts pinned equal (``runs_rule_*_pinned.jsonl``) the largest residuals do better where the
+solution is smooth (Poisson2d-C 9.1e-3 against 1.35e-2 for a residual-blind spread, Wave1d-C 0.36
+against 0.46) and worse where they sit on a feature the network cannot yet represent: Burgers1d-C's
+shock (0.78 against 0.36) and Heat2d-MS's ten x-periods (1.41 against 1.06). So spread is the default.
 
 **How many** (``count="auto"``). The module keeps an imposed step within ``imposed_cost_ratio`` (3)
 times the unconstrained step of the same objective, by a cost model it measures once, at the first
