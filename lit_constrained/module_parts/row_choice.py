@@ -113,15 +113,22 @@ def _unit_box(points: Tensor) -> np.ndarray:
     return (x - low) / np.where(high > low, high - low, 1.0)
 
 
-def farthest_points(points: Tensor, k: int) -> Tensor:
-    """The sorted indices of ``k`` of ``points`` (N, d) spread over them (coordinates scaled to the unit
-    bounding box): the point nearest the box's centre, then each time the point farthest from those taken.
-    All N when k >= N."""
+def _all_or_none(points: Tensor, k: int) -> Tensor | None:
+    """Every index of ``points`` when k >= N, none when k <= 0; None otherwise (a choice to make)."""
     n = points.shape[0]
     if k >= n:
         return torch.arange(n, device=points.device)
     if k <= 0:
         return torch.zeros(0, dtype=torch.long, device=points.device)
+    return None
+
+
+def farthest_points(points: Tensor, k: int) -> Tensor:
+    """The sorted indices of ``k`` of ``points`` (N, d) spread over them (coordinates scaled to the unit
+    bounding box): the point nearest the box's centre, then each time the point farthest from those taken.
+    All N when k >= N."""
+    if (trivial := _all_or_none(points, k)) is not None:
+        return trivial
     x = _unit_box(points)
     taken = [int(np.argmin(((x - 0.5) ** 2).sum(axis=1)))]
     nearest = ((x - x[taken[0]]) ** 2).sum(axis=1)  # squared distance to the nearest point taken
@@ -135,12 +142,9 @@ def spread_largest(points: Tensor, scores: Tensor, k: int) -> Tensor:
     r"""The sorted indices of ``k`` of ``points`` (N, d): the highest ``scores`` first, none closer than
     :math:`\tfrac12 k^{-1/d}` to one taken (coordinates scaled to the pool's unit bounding box), filled
     up by score if the spacing leaves fewer than k. All N when k >= N."""
-    n = points.shape[0]
-    if k >= n:
-        return torch.arange(n, device=points.device)
-    if k <= 0:
-        return torch.zeros(0, dtype=torch.long, device=points.device)
-    x = _unit_box(points)
+    if (trivial := _all_or_none(points, k)) is not None:
+        return trivial
+    n, x = points.shape[0], _unit_box(points)
     radius2 = (0.5 * k ** (-1.0 / x.shape[1])) ** 2
     order = np.argsort(-scores.cpu().numpy(), kind="stable")
     blocked = np.zeros(n, dtype=bool)
@@ -367,7 +371,9 @@ class RowChoice:
         """Choose every counted part's points at the current weights (by :attr:`rule`)."""
         counted = self.counted(parts)
         with torch.enable_grad():
-            values = {name: _as_rows(part.values()).detach() for name, part in counted.items()}
+            # the whole pool only where its residuals are scored ("largest"); one point tells the widths
+            values = {name: _as_rows((part if self.rule == "largest" else part.at(slice(0, 1))).values()).detach()
+                      for name, part in counted.items()}
         widths = {name: v.shape[1] for name, v in values.items()}
         counts = {name: min(int(part.count), part.points.shape[0])
                   for name, part in counted.items() if part.count != AUTO}
