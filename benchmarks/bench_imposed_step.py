@@ -3,12 +3,13 @@ auto step at most 3x), on the four PINNacle tasks, interleaved in one process.
 
 For each problem two copies of the task (same seed, 1 024 / 256 / 256 points): plain ``torch.optim.Adam``
 (nothing imposed) and the package's defaults with ``imposed_count="auto"`` (SQP-Adam, c and J in
-float64, the points chosen by the module). Each is fitted a few steps first (the auto one past its first
-re-choice, so its cost model is settled and its counts are the ones a run keeps); then their training
-steps are timed alternately (A, B, A, B, ...; ``time.perf_counter`` around ``training_step``) and the
-medians compared. Printed per problem: the medians, their ratio and the rows imposed::
+float64, the points chosen by the module, re-chosen every 100 steps as in a run). Each is fitted
+``--warmup`` steps first (410: the auto one past the re-choices that correct and settle its cost model,
+100, 200 and 300, so its counts are the ones a run keeps); then their training steps are timed
+alternately (A, B, A, B, ...; ``time.perf_counter`` around ``training_step``) and the medians compared.
+Printed per problem: the medians, their ratio and the rows imposed::
 
-    python benchmarks/bench_imposed_step.py --repeats 15
+    python benchmarks/bench_imposed_step.py --repeats 21
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def fitted(problem: str, auto: bool, warmup: int) -> tuple[Any, Any]:
     data = pinnacle.PinnacleData(problem, n_pde=1024, n_boundary=256, n_pde_imposed=0, n_boundary_imposed=0, **initial)
     torch.manual_seed(0)
     if auto:
-        model = task_cls(imposed_count="auto", rechoose_every=warmup // 2, num_threads=1)
+        model = task_cls(imposed_count="auto", num_threads=1)
     else:
         model = task_cls(optimizer={"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}}, num_threads=1)
     trainer = pl.Trainer(max_steps=warmup, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -63,8 +64,8 @@ def timed_step(model: Any, batch: Any) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--problems", nargs="+", default=list(PROBLEMS), choices=PROBLEMS)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--warmup", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--warmup", type=int, default=410)
     args = parser.parse_args(argv)
     quiet()
     torch.set_num_threads(1)

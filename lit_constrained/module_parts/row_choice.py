@@ -24,15 +24,16 @@ against 0.46) and worse where they sit on a feature the network cannot yet repre
 shock (0.78 against 0.36) and Heat2d-MS's ten x-periods (1.41 against 1.06). So spread is the default.
 
 **How many** (``count="auto"``). The module keeps an imposed step within ``imposed_cost_ratio`` (3)
-times the unconstrained step of the same objective, by a cost model it measures once, at the first
+times the unconstrained step of the same objective, by a cost model it measures at the first
 choice of a fit (:class:`CostModel`): :math:`t(m) = t_f + \sum_p m_p t_p + g\,m^2`, with :math:`t_f`
 the objective and its gradient, :math:`t_p` one row of part p's per-point Jacobian (probed on a few of
 its points, in the dtype c and J are evaluated in) and :math:`g\,m^2` the Gram product :math:`J J^\top`
 of the step (timed on a probe of the network's size), all by :func:`cost_clock` (the process's CPU time
 on a CPU). The model is then checked against the steps it
-predicts: at each re-choice the measured mean step time since the last one corrects the constraint
-terms (:meth:`CostModel.corrected`, with :math:`t_f` measured again then, warm), so what the probe
-misses (the optimizer's own products, its post-step corrections) is counted. The budget is split over the auto parts in equal numbers of points
+predicts: at each of the first :data:`SETTLING_CORRECTIONS` (3) re-choices the median step time since
+the one before corrects the constraint terms (:meth:`CostModel.corrected`, with :math:`t_f` measured again
+then, warm), so what the probe misses (the optimizer's own products, its post-step corrections) is counted,
+and the first interval's dearer steps (the new rows brought to feasibility) are not the last word. The budget is split over the auto parts in equal numbers of points
 (:func:`equal_shares`, a part's cap its pool); which points, by the rule above. The total never
 exceeds the largest rank the step's factorization reported at a choice (``optimizer.diagnostics["rank"]``):
 rows beyond it are dependent and add cost, not constraint (the largest, not the last: the rank of fewer
@@ -45,7 +46,7 @@ and after each interval that held the cap doubles (the budget still bounds the c
 Burgers1d-C: with 23 points a part the newly chosen worst points at the shock did not hold for the last
 300 steps, and the test error went from 0.55 to 2.5.
 
-The model, settled after its first correction, is kept (checkpoint), with the caps and the interval's
+The model, settled after its third correction, is kept (checkpoint), with the caps and the interval's
 violations, so a run resumed after that chooses the same counts and rows as the uninterrupted one, bit
 for bit.
 
@@ -91,6 +92,12 @@ ImposedChoice = Literal["spread", "largest"]
 
 PROBE_POINTS = 8
 """Points of a part whose per-point Jacobian is timed for the cost model."""
+
+SETTLING_CORRECTIONS = 3
+"""Re-choices at which the cost model is corrected by the steps measured since the one before (then kept).
+More than one: the first interval's steps are not the run's (measured on Poisson2d-C, AMD EPYC: 172 ms a
+step over steps 1-99 at 37 points a part, 80 ms over steps 100-500 at 20), so a model corrected by them
+alone set counts at which the later steps cost 3.1-3.4x Adam's (``benchmarks/bench_imposed_step.py``)."""
 
 GRAM_PROBE_ROWS = 64
 """Rows of the random J whose Gram product is timed for the cost model."""
@@ -173,9 +180,14 @@ class CostModel:
     """:math:`t_p`: one point of part p in the per-point Jacobian (all its rows)."""
     gram_s: float
     """:math:`g`: the Gram product per squared row."""
-    settled: bool = False
-    """Corrected once by measured steps (:meth:`corrected`) and kept from then on, so the counts depend on
-    nothing measured afterwards: a run resumed after that chooses exactly as the uninterrupted one."""
+    corrections: int = 0
+    """How many times measured steps corrected it (:meth:`corrected`)."""
+
+    @property
+    def settled(self) -> bool:
+        """Corrected :data:`SETTLING_CORRECTIONS` times and kept from then on, so the counts depend on nothing
+        measured afterwards: a run resumed after that chooses exactly as the uninterrupted one."""
+        return self.corrections >= SETTLING_CORRECTIONS
 
     def step_s(self, counts: Mapping[str, int], widths: Mapping[str, int]) -> float:
         m = sum(counts[name] * widths[name] for name in counts)
@@ -187,9 +199,10 @@ class CostModel:
         :math:`t_f`."""
         predicted = self.step_s(counts, widths) - self.free_s
         if predicted <= 0 or not measured_s > self.free_s:
-            return dataclasses.replace(self, settled=True)
+            return dataclasses.replace(self, corrections=self.corrections + 1)
         scale = (measured_s - self.free_s) / predicted
-        return CostModel(self.free_s, {name: t * scale for name, t in self.row_s.items()}, self.gram_s * scale, True)
+        return CostModel(self.free_s, {name: t * scale for name, t in self.row_s.items()}, self.gram_s * scale,
+                         self.corrections + 1)
 
 
 def cost_clock(device: torch.device | None) -> Callable[[], float]:
@@ -460,7 +473,7 @@ class RowChoice:
                      for name, (points, data) in state.get("kept", {}).items()}
         cost = state.get("cost")
         self.cost = None if cost is None else CostModel(float(cost["free_s"]), dict(cost["row_s"]), float(cost["gram_s"]),
-                                                        bool(cost.get("settled", False)))
+                                                        int(cost.get("corrections", SETTLING_CORRECTIONS if cost.get("settled") else 0)))
         self.chosen_at = state.get("chosen_at")
         self.max_rank = state.get("max_rank")
         self.auto_caps = {name: int(cap) for name, cap in state.get("auto_caps", {}).items()}

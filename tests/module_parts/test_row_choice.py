@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from lit_constrained import ConstrainedModule, Imposed
 from lit_constrained.module_parts.row_choice import (
-    CHECKPOINT_KEY, CostModel, RowChoice, auto_counts, equal_shares, farthest_points, row_scores, spread_largest,
+    CHECKPOINT_KEY, SETTLING_CORRECTIONS, CostModel, RowChoice, auto_counts, equal_shares, farthest_points, row_scores, spread_largest,
 )
 from tests.helpers.lightning import quiet_trainer
 
@@ -112,7 +112,7 @@ def test_rows_that_did_not_hold_halve_the_auto_counts_and_rows_that_held_let_the
     auto = {"pde": Imposed(lambda x: x[:, 0], pool, count="auto")}
     choice = RowChoice()
     assert choice.held() is None
-    choice.cost = CostModel(0.01, {"pde": 1e-3}, 0.0, settled=True)  # auto parts imposed: violations kept
+    choice.cost = CostModel(0.01, {"pde": 1e-3}, 0.0, corrections=SETTLING_CORRECTIONS)  # auto parts imposed: violations kept
     choice.chosen = {"pde": torch.arange(24)}
     for violation in (4.0, 3.0, 2.5):  # the newly chosen rows came down 1.6x only
         choice.observed(0.1, torch.tensor(violation))
@@ -143,7 +143,8 @@ def test_rows_that_did_not_hold_halve_the_auto_counts_and_rows_that_held_let_the
 def test_a_correction_scales_the_constraint_terms_to_the_measured_step() -> None:
     cost = CostModel(free_s=1.0, row_s={"a": 0.1}, gram_s=0.0)
     corrected = cost.corrected(3.0, {"a": 10}, {"a": 1})  # predicted 2.0, measured 3.0: the rows cost 2x
-    assert corrected.row_s == {"a": 0.2} and corrected.settled and corrected.free_s == 1.0
+    assert corrected.row_s == {"a": 0.2} and corrected.corrections == 1 and corrected.free_s == 1.0
+    assert not corrected.settled and corrected.corrected(3.0, {"a": 10}, {"a": 1}).row_s == {"a": 0.2}
 
 
 def test_a_count_is_checked() -> None:
@@ -218,7 +219,7 @@ def test_auto_measures_its_cost_and_stays_within_the_pool_and_the_summary_names_
     quiet_trainer(max_steps=12, limit_val_batches=0).fit(model, train_dataloaders=_loader())
     points, pool = model.row_choice.rows()["fit"]
     assert 1 <= points <= pool == 101
-    assert model.row_choice.cost is not None and model.row_choice.cost.settled  # corrected at step 10
+    assert model.row_choice.cost is not None and model.row_choice.cost.corrections == 1  # corrected at step 10
     assert model.row_choice.cost.free_s > 0 and model.row_choice.cost.row_s["fit"] > 0
     assert f"imposed      fit {points} of 101 points (chosen from the pools, every 10 steps)" in capsys.readouterr().out
 
@@ -240,9 +241,32 @@ def test_the_correction_measures_the_free_step_again_warm(monkeypatch: pytest.Mo
         model.row_choice.observed(1.0, None)  # the steps since, as the module's clock would report them: 1 s each
     model.row_choice.choose(model, None, model.imposed(None), 10)
     settled = model.row_choice.cost
-    assert settled.settled and settled.free_s == 0.25
+    assert settled.corrections == 1 and settled.free_s == 0.25
     predicted = first.step_s(counts, {"fit": 1}) - first.free_s
     assert settled.row_s["fit"] == pytest.approx(first.row_s["fit"] * (1.0 - 0.25) / predicted)
+
+
+def test_the_model_is_corrected_at_the_first_three_re_choices_and_kept_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps of 1 s, then 0.5 s, then 0.4 s, then 9 s (injected; t_f 0.25 s): each of the first three
+    corrections makes the model predict the interval just measured at its counts; the fourth interval's
+    steps change nothing (the model is settled: the counts depend on nothing measured after)."""
+    import lit_constrained.module_parts.row_choice as row_choice
+
+    monkeypatch.setattr(row_choice, "measure_free", lambda task, batch, repeats=3: 0.25)
+    model = Bumps(count="auto", rechoose_every=10, lr_decay="none")
+    model.constraints(None)
+    for step, seconds in zip((10, 20, 30), (1.0, 0.5, 0.4)):
+        counts = {"fit": int(model.row_choice.chosen["fit"].numel())}
+        for _ in range(5):
+            model.row_choice.observed(seconds, None)
+        model.row_choice.choose(model, None, model.imposed(None), step)
+        assert model.row_choice.cost.step_s(counts, {"fit": 1}) == pytest.approx(seconds)
+    assert model.row_choice.cost.settled and model.row_choice.cost.corrections == SETTLING_CORRECTIONS == 3
+    kept, counts = model.row_choice.cost, model.row_choice.rows()["fit"]
+    for _ in range(5):
+        model.row_choice.observed(9.0, None)
+    model.row_choice.choose(model, None, model.imposed(None), 40)
+    assert model.row_choice.cost == kept and model.row_choice.rows()["fit"] == counts
 
 
 def _fit_to(directory: Path, steps: int, resume: bool, count: Any = "auto") -> Bumps:
@@ -256,16 +280,16 @@ def _fit_to(directory: Path, steps: int, resume: bool, count: Any = "auto") -> B
 
 
 def test_resume_with_auto_rows_is_bit_exact(tmp_path: Path) -> None:
-    """A run stopped at step 10 (its cost model settled at step 4), resumed to 20 twice from the same
+    """A run stopped at step 14 (its cost model corrected at steps 4, 8 and 12, settled), resumed to 24 twice from the same
     checkpoint: bit-identical (the rows, the counts' cost model and the choice step come from the
     checkpoint; nothing measured after the settling enters the choice)."""
-    _fit_to(tmp_path, 10, resume=False)
+    _fit_to(tmp_path, 14, resume=False)
     saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
-    assert saved[CHECKPOINT_KEY]["cost"]["settled"] and saved[CHECKPOINT_KEY]["chosen_at"] == 8
+    assert saved[CHECKPOINT_KEY]["cost"]["corrections"] == SETTLING_CORRECTIONS and saved[CHECKPOINT_KEY]["chosen_at"] == 12
     (tmp_path / "copy").mkdir()
     (tmp_path / "copy" / "last.ckpt").write_bytes((tmp_path / "last.ckpt").read_bytes())
-    first = _fit_to(tmp_path, 20, resume=True)
-    second = _fit_to(tmp_path / "copy", 20, resume=True)
+    first = _fit_to(tmp_path, 24, resume=True)
+    second = _fit_to(tmp_path / "copy", 24, resume=True)
     assert first.row_choice.chosen["fit"].tolist() == second.row_choice.chosen["fit"].tolist()
     for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
         assert torch.equal(a, b), name
