@@ -35,14 +35,17 @@ the one before corrects the constraint terms (:meth:`CostModel.corrected`, with 
 then, warm), so what the probe misses (the optimizer's own products, its post-step corrections) is counted,
 and the first interval's dearer steps (the new rows brought to feasibility) are not the last word. The budget is split over the auto parts in equal numbers of points
 (:func:`equal_shares`, a part's cap its pool); which points, by the rule above. The total never
-exceeds the largest rank the step's factorization reported at a choice (``optimizer.diagnostics["rank"]``):
-rows beyond it are dependent and add cost, not constraint (the largest, not the last: the rank of fewer
+exceeds the largest rank the step's factorization reported at a choice (``optimizer.diagnostics["rank"]``)
+below the rows it factored: rows beyond it are dependent and add cost, not constraint (the largest, not the last: the rank of fewer
 rows is at most their number, so the last would only ratchet the count down).
 
-**The count follows what holds.** At each re-choice the module asks whether the rows imposed since the
+**The count follows what holds.** A fit starts each auto part at :data:`FIRST_POINTS` (8) points at
+most. At each re-choice the module asks whether the rows imposed since the
 last one held (:meth:`RowChoice.held`: max |c| at the interval's last step at most :data:`HOLD_RATIO` x
 max(max |c| at its first step, 1)); if not, each auto part's count is capped at half of what it was,
-and after each interval that held the cap doubles (the budget still bounds the count). Measured on
+and after each interval that held the cap doubles (the budget still bounds the count): 8, 16, 32, ...
+points a part at steps 0, 100, 200 while the rows hold. Measured on Burgers1d-C from the initial
+weights: 25 points a part never held and lost the network (rel. L2 1.02 at the end), 8 held by step 20. Measured on
 Burgers1d-C: with 23 points a part the newly chosen worst points at the shock did not hold for the last
 300 steps, and the test error went from 0.55 to 2.5.
 
@@ -92,6 +95,14 @@ ImposedChoice = Literal["spread", "largest"]
 
 PROBE_POINTS = 8
 """Points of a part whose per-point Jacobian is timed for the cost model."""
+
+FIRST_POINTS = 8
+"""Each auto part's cap at a fit's first choice: the count starts small and doubles after every interval
+whose rows held (:meth:`RowChoice.held`), up to what the cost budget affords. Measured on Burgers1d-C
+(seed 0, from the initial weights, 3 parts): 25 points a part never held (max |c| 1.06 for 40 steps,
+J's rank 56 of 75 rows, then max |c| 40 and the network lost for good: rel. L2 1.02 at step 2 000), 16
+held by step 80, 8 by step 20; an auto run that the probe's model gave 25 a part at step 0 ended at
+1.02 against plain Adam's 0.55 (and Heat2d-MS at 2.62)."""
 
 SETTLING_CORRECTIONS = 3
 """Re-choices at which the cost model is corrected by the steps measured since the one before (then kept).
@@ -269,8 +280,10 @@ def auto_counts(cost: CostModel, budget: float, shares: Mapping[str, float], poo
         rows = sum(c[name] * widths[name] for name in c)
         return cost.step_s(c, widths) <= budget * cost.free_s and (max_rows is None or rows <= max_rows)
 
-    low, high = 0.0, float(sum(pools.values())) / min(shares.values())
-    for _ in range(50):
+    low, high = 0.0, float(sum(pools.values())) / min(shares.values())  # counts(high): every pool whole
+    if fits(counts(high)):
+        low = high
+    for _ in range(0 if low == high else 50):
         middle = (low + high) / 2
         low, high = (middle, high) if fits(counts(middle)) else (low, middle)
     chosen = counts(low)
@@ -322,9 +335,12 @@ class RowChoice:
         self.chosen_at: int | None = None
         """The step of the last choice (None: none yet)."""
         self.max_rank: int | None = None
-        """The largest rank of J the optimizer reported at a choice: the cap on the rows. Not the last one:
-        the rank of fewer rows is at most their number, so the last rank as the cap would only ratchet down
-        (measured on Wave1d-C: 112 rows of rank 75, then 44 rows of rank 41, 40 of 37, ...)."""
+        """The largest rank of J the optimizer reported at a choice with fewer than its rows (some dependent):
+        the cap on the rows. Not the last one: the rank of fewer rows is at most their number, so the last
+        rank as the cap would only ratchet down (measured on Wave1d-C: 112 rows of rank 75, then 44 rows of
+        rank 41, 40 of 37, ...)."""
+        self.last_rows: int | None = None
+        """The rows of the last step observed (the size of its c): what the rank reported with it is of."""
         self._step_times: list[float] = []  # the steps' seconds since the last choice (the model's check)
         self.auto_caps: dict[str, int] = {}
         """Each auto part's most points after an interval whose rows did not hold (:meth:`held`): half its
@@ -338,6 +354,8 @@ class RowChoice:
         while auto parts are imposed (there is a cost model), the max |c| of its imposed rows ``constraints``
         (a 0-dim tensor, not read here: no host sync a step; None or empty: no rows)."""
         self._step_times.append(seconds)
+        if constraints is not None:
+            self.last_rows = int(constraints.numel())
         if self.cost is not None and constraints is not None and constraints.numel():
             violation = constraints.detach().abs().max()
             self.violations = (violation if self.violations[0] is None else self.violations[0], violation)
@@ -394,6 +412,7 @@ class RowChoice:
         if auto:
             if self.cost is None or set(self.cost.row_s) != set(auto):
                 self.cost = measure_cost(task, batch, auto, widths)
+                self.auto_caps = {name: FIRST_POINTS for name in auto}
             elif not self.cost.settled and len(self._step_times) >= 3 and set(self.chosen) == set(counted):
                 last = {name: int(self.chosen[name].numel()) for name in auto}
                 # t_f again, warm: measured at a fit's first step it read up to 1.4x the steady one (Burgers1d-C:
@@ -401,7 +420,7 @@ class RowChoice:
                 warm = dataclasses.replace(self.cost, free_s=measure_free(task, batch, repeats=5))
                 self.cost = warm.corrected(statistics.median(self._step_times[1:]), last, widths)
             fixed_rows = sum(counts[name] * widths[name] for name in counts)
-            max_rows = self.rows_cap(_last_rank(task), fixed_rows)
+            max_rows = self.rows_cap(_last_rank(task), self.last_rows, fixed_rows)
             self._update_auto_caps(auto)
             pools = {n: min(p.points.shape[0], self.auto_caps.get(n, p.points.shape[0])) for n, p in auto.items()}
             counts.update(auto_counts(self.cost, self.budget, equal_shares(auto), pools, widths, max_rows))
@@ -450,10 +469,12 @@ class RowChoice:
         """Each counted part's (points imposed, pool size)."""
         return {name: (int(index.numel()), self.pools[name]) for name, index in self.chosen.items()}
 
-    def rows_cap(self, rank: int | None, fixed_rows: int) -> int | None:
+    def rows_cap(self, rank: int | None, rows: int | None, fixed_rows: int) -> int | None:
         """The most rows the auto parts may take beside ``fixed_rows`` (None: no cap yet), given the
-        ``rank`` of J reported now: :attr:`max_rank`, raised to ``rank`` when that is larger."""
-        if rank is not None and (self.max_rank is None or rank > self.max_rank):
+        ``rank`` of J reported now by a step of ``rows`` rows: :attr:`max_rank`, raised to ``rank`` when
+        that is larger and below ``rows`` (a J of full rank says nothing about how many rows more it
+        could carry: with the counts starting at :data:`FIRST_POINTS` it would hold them there)."""
+        if rank is not None and rows is not None and rank < rows and (self.max_rank is None or rank > self.max_rank):
             self.max_rank = rank
         return None if self.max_rank is None else max(self.max_rank - fixed_rows, 1)
 
@@ -462,7 +483,7 @@ class RowChoice:
         cost = None if self.cost is None else dataclasses.asdict(self.cost)
         return {"chosen": {name: index.cpu() for name, index in self.chosen.items()}, "pools": dict(self.pools),
                 "kept": {name: (points.cpu(), _moved(data, torch.device("cpu"))) for name, (points, data) in self.kept.items()},
-                "cost": cost, "chosen_at": self.chosen_at, "max_rank": self.max_rank, "auto_caps": dict(self.auto_caps),
+                "cost": cost, "chosen_at": self.chosen_at, "max_rank": self.max_rank, "last_rows": self.last_rows, "auto_caps": dict(self.auto_caps),
                 "violations": [None if v is None else float(v) for v in self.violations]}
 
     def load_state_dict(self, state: Mapping[str, Any], device: torch.device | None = None) -> None:
@@ -476,6 +497,7 @@ class RowChoice:
                                                         int(cost.get("corrections", SETTLING_CORRECTIONS if cost.get("settled") else 0)))
         self.chosen_at = state.get("chosen_at")
         self.max_rank = state.get("max_rank")
+        self.last_rows = state.get("last_rows")
         self.auto_caps = {name: int(cap) for name, cap in state.get("auto_caps", {}).items()}
         self.violations = tuple(None if v is None else torch.tensor(float(v), dtype=torch.float64, device=device)
                                 for v in state.get("violations", (None, None)))

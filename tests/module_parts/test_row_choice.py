@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from lit_constrained import ConstrainedModule, Imposed
 from lit_constrained.module_parts.row_choice import (
-    CHECKPOINT_KEY, SETTLING_CORRECTIONS, CostModel, RowChoice, auto_counts, equal_shares, farthest_points, row_scores, spread_largest,
+    CHECKPOINT_KEY, FIRST_POINTS, SETTLING_CORRECTIONS, CostModel, RowChoice, auto_counts, equal_shares, farthest_points, row_scores, spread_largest,
 )
 from tests.helpers.lightning import quiet_trainer
 
@@ -90,19 +90,42 @@ def test_auto_counts_fill_the_budget_by_hand() -> None:
     # with a Gram term: 1 + 0.1 m + 0.01 m^2 <= 3 -> m = 10 (m = 11 costs 3.31)
     gram = CostModel(free_s=1.0, row_s={"a": 0.1}, gram_s=0.01)
     assert auto_counts(gram, 3.0, {"a": 1.0}, {"a": 100}, {"a": 1}, None) == {"a": 10}
+    # every pool affordable whole: each whole (not one point short of it)
+    two = CostModel(free_s=1.0, row_s={"a": 0.1, "b": 0.1}, gram_s=0.01)
+    assert auto_counts(two, 3.0, {"a": 0.5, "b": 0.5}, {"a": 4, "b": 3}, {"a": 1, "b": 1}, None) == {"a": 4, "b": 3}
 
 
-def test_the_rows_cap_is_the_largest_rank_reported_and_resumes() -> None:
+def test_the_rows_cap_is_the_largest_rank_reported_below_its_rows_and_resumes() -> None:
     """Wave1d-C's ranks as measured: 112 rows of rank 75, then 44 rows of rank 41; the cap stays 75 (the
-    last rank would ratchet it down to 41, then 37, ...), and rises with a larger rank."""
+    last rank would ratchet it down to 41, then 37, ...), and rises with a larger deficient rank. A J of
+    full rank (24 rows, rank 24; 90 of 90) sets no cap and lifts none."""
     choice = RowChoice()
-    assert choice.rows_cap(None, 0) is None
-    assert choice.rows_cap(75, 0) == 75
-    assert choice.rows_cap(41, 0) == 75 and choice.rows_cap(None, 10) == 65
-    assert choice.rows_cap(80, 0) == 80
+    assert choice.rows_cap(None, None, 0) is None
+    assert choice.rows_cap(24, 24, 0) is None  # full rank: the 8-point start must be able to grow
+    assert choice.rows_cap(75, 112, 0) == 75
+    assert choice.rows_cap(41, 44, 0) == 75 and choice.rows_cap(None, None, 10) == 65
+    assert choice.rows_cap(90, 90, 0) == 75
+    assert choice.rows_cap(80, 112, 0) == 80
     resumed = RowChoice()
     resumed.load_state_dict(choice.state_dict())
-    assert resumed.max_rank == 80 and resumed.rows_cap(41, 0) == 80
+    assert resumed.max_rank == 80 and resumed.rows_cap(41, 44, 0) == 80
+
+
+def test_an_auto_fit_starts_at_eight_points_a_part_and_doubles_while_the_rows_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cheap model (every count within budget): the first choice takes 8 of the 101 points; after an
+    interval whose rows held, 16; after one that did not, half the count."""
+    import lit_constrained.module_parts.row_choice as row_choice
+
+    monkeypatch.setattr(row_choice, "measure_free", lambda task, batch, repeats=3: 1.0)
+    monkeypatch.setattr(row_choice, "measure_cost", lambda task, batch, parts, widths: CostModel(1.0, {"fit": 1e-9}, 0.0))
+    model = Bumps(count="auto", rechoose_every=10, lr_decay="none")
+    model.constraints(None)
+    assert model.row_choice.rows()["fit"] == (FIRST_POINTS, 101) and FIRST_POINTS == 8
+    for step, violations, points in ((10, (1.0, 1e-4), 16), (20, (1.0, 0.5), 8)):
+        for seconds, violation in zip((1.0, 1.0, 1.0), (violations[0], 0.7, violations[1])):
+            model.row_choice.observed(seconds, torch.tensor(violation))
+        model.row_choice.choose(model, None, model.imposed(None), step)
+        assert model.row_choice.rows()["fit"] == (points, 101)
 
 
 def test_rows_that_did_not_hold_halve_the_auto_counts_and_rows_that_held_let_them_grow_back() -> None:
