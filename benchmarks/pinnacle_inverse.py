@@ -11,8 +11,12 @@ hold the initial weights' hash) on the same points (the data module of one seed)
   inside it), a's boundary values and the band |u - d| <= k sigma held exactly;
 * ``band``: ``recommended/sqp_adam_band.yaml``: the same with the band |u - d| <= k sigma imposed too at
   50 observations (the two one-sided parts);
+* ``auto``: the package's defaults: the recommended config's optimizer (SQP-Adam, lr 1e-3, rho full) with
+  ``imposed_count: auto`` (the PDE and a's boundary values at points the module chooses from the
+  objective's own, as many as its cost budget affords; no band) and the module's default lr decay (the
+  config's ``lr_decay: none`` of HInv is not taken);
 * ``adam``: ``torch.optim.Adam`` (lr 1e-3, constant, PINNacle's), nothing imposed, run until both
-  ``--steps`` steps and the recommended run's CPU time are reached (so one run gives both comparisons).
+  ``--steps`` steps and the longest constrained run's CPU time are reached (so one run gives both comparisons).
 
 Recorded every ``--every`` steps: the CPU time so far (``time.process_time``, the evaluations and
 snapshots left out), ``rel_l2_u``, ``rel_l2_a`` and PINNacle's ``rel_l2`` (u and a stacked) on the test
@@ -53,9 +57,9 @@ from machine import cpu_model  # noqa: E402
 
 PROBLEMS = ("pinv", "hinv")
 NAMES = {"pinv": "PInv", "hinv": "HInv"}
-VARIANTS = ("recommended", "band", "adam")
-#: the config of each constrained variant
-CONFIGS = {"recommended": "sqp_adam.yaml", "band": "sqp_adam_band.yaml"}
+VARIANTS = ("recommended", "band", "auto", "adam")
+#: the config of each constrained variant (``auto``: the recommended config's optimizer, the points chosen)
+CONFIGS = {"recommended": "sqp_adam.yaml", "band": "sqp_adam_band.yaml", "auto": "sqp_adam.yaml"}
 RESULTS = ROOT / "benchmarks" / "results" / "pinnacle_inverse"
 PARTS = ("pde", "coef", "band_upper", "band_lower")
 
@@ -77,12 +81,16 @@ def build(problem: str, variant: str, seed: int) -> tuple[Any, Any, Any]:
     data_cls = getattr(pinnacle_inverse, spec["data"]["class_path"].rsplit(".", 1)[1])
     data_args = {**spec["data"]["init_args"], "seed": seed}
     measured = data_cls(**{**config(problem)["data"]["init_args"], "seed": seed})
-    if variant in CONFIGS:
+    extra = {k: v for k, v in spec["model"]["init_args"].items() if k not in ("optimizer", "num_threads")}
+    if variant == "auto":
+        data = data_cls(**{**data_args, **{k: 0 for k in data_args if k.endswith("_imposed")}})
+        optimizer = spec["model"]["init_args"]["optimizer"]
+        extra = {"band_k": extra.get("band_k", 5.0), "imposed_count": "auto"}  # the module's defaults otherwise
+    elif variant in CONFIGS:
         data, optimizer = data_cls(**data_args), spec["model"]["init_args"]["optimizer"]
     else:
         data = data_cls(**{**data_args, **{k: 0 for k in data_args if k.endswith("_imposed")}})
         optimizer = {"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}}
-    extra = {k: v for k, v in spec["model"]["init_args"].items() if k not in ("optimizer", "num_threads")}
     torch.manual_seed(seed)
     model = task_cls(optimizer=optimizer, num_threads=1, **extra)
     return model, data, measured
@@ -105,7 +113,8 @@ def part_maxima(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, float]:
     for name in PARTS:
         if name not in parts:
             continue
-        n = len(parts[name].points)
+        chosen = model.row_choice.rows().get(name) if parts[name].count is not None else None
+        n = chosen[0] if chosen else len(parts[name].points)  # a counted part: its chosen points
         rows = c[offset:offset + n].detach()
         offset += n
         if name == "band_upper":
@@ -246,6 +255,8 @@ def run_one(problem: str, variant: str, steps: int, seed: int, every: int, cpu_b
     rec = train(model, data, measured, args, out, run_key(problem, variant, steps, seed), snapshot_every)
     record["wall_s"] = round(time.perf_counter() - wall, 1)
     record["trajectory"] = rec.trajectory
+    if model.row_choice.chosen:
+        record["chosen"] = {name: points for name, (points, _) in model.row_choice.rows().items()}
     if rec.steps_record:
         record["per_step_columns"] = ["step", "max_pde", "max_coef", "max_band_violation"]
         record["per_step"] = rec.steps_record
@@ -260,22 +271,23 @@ def after(record: dict[str, Any], step: int) -> float:
 
 def report(records: list[dict[str, Any]]) -> str:
     lines = ["| problem | steps | seed | variant | rel. L2 u / a / both at equal steps | CPU s | "
-             "rel. L2 u / a / both at equal CPU time (steps) | max PDE residual at the imposed points, end | "
+             "Adam's rel. L2 u / a / both at this run's CPU time (steps) | max PDE residual at the imposed points, end | "
              "worst pde max abs c after step 50 |", "|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, int, int], dict[str, dict[str, Any]]] = {}
     for r in records:
         groups.setdefault((r["problem"], r["steps"], r["seed"]), {})[r["variant"]] = r
     for (problem, steps, seed), runs in groups.items():
-        rec = runs.get("recommended")
-        budget = rec["trajectory"][-1][1] if rec else None
+        adam = runs.get("adam")
         for variant in VARIANTS:
             r = runs.get(variant)
             if r is None:
                 continue
             s = [row for row in r["trajectory"] if row[0] <= steps][-1]
-            c = [row for row in r["trajectory"] if budget is not None and row[1] <= budget * 1.02]
-            eq = f"{c[-1][2]:.2e} / {c[-1][3]:.2e} / {c[-1][4]:.2e} ({int(c[-1][0])})" if c and variant != "recommended" else "-"
-            name = variant if variant not in CONFIGS else f"{variant} ({sum(r['imposed'].values())} points imposed)"
+            c = [row for row in adam["trajectory"] if row[1] <= s[1] * 1.02] if adam and variant != "adam" else []
+            eq = f"{c[-1][2]:.2e} / {c[-1][3]:.2e} / {c[-1][4]:.2e} ({int(c[-1][0])})" if c else "-"
+            name = variant if variant not in CONFIGS else (
+                f"auto ({', '.join(f'{k} {v}' for k, v in r['chosen'].items())} points)" if variant == "auto" and "chosen" in r
+                else f"{variant} ({sum(r['imposed'].values())} points imposed)")
             worst = after(r, 50)
             lines.append(f"| {NAMES[problem]} | {steps} | {seed} | {name} | {s[2]:.2e} / {s[3]:.2e} / {s[4]:.2e} | "
                          f"{s[1]:.0f} | {eq} | {r['trajectory'][-1][5]:.1e} | "
@@ -346,10 +358,10 @@ def main(argv: list[str] | None = None) -> int:
             if key in {run_key(r["problem"], r["variant"], r["steps"], r["seed"]) for r in records}:
                 print(f"{problem} {variant}: recorded already, skipped", flush=True)
                 continue
-            budget = next((r["trajectory"][-1][1] for r in records if (r["problem"], r["variant"], r["steps"], r["seed"])
-                           == (problem, "recommended", args.steps, args.seed)), 0.0)
+            budget = max((r["trajectory"][-1][1] for r in records if r["variant"] in CONFIGS and
+                          (r["problem"], r["steps"], r["seed"]) == (problem, args.steps, args.seed)), default=0.0)
             if variant == "adam" and not budget:
-                print(f"{problem} adam: no recommended run recorded yet, so no CPU budget; runs to --steps", flush=True)
+                print(f"{problem} adam: no constrained run recorded yet, so no CPU budget; runs to --steps", flush=True)
             record = run_one(problem, variant, args.steps, args.seed, args.every, budget if variant == "adam" else 0.0,
                              args.out, args.snapshot_every)
             with args.out.open("a") as handle:

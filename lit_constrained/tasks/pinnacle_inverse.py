@@ -48,12 +48,12 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from lit_constrained.imposed import Imposed
+from lit_constrained.imposed import Imposed, check_count
 from lit_constrained.metrics.relative_l2 import relative_l2_error
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.physics import derivatives
@@ -76,6 +76,10 @@ class InverseTask(ConstrainedModule):
         band_k: the band's half-width in noise standard deviations, :math:`|u - d| \\le k\\sigma`.
         noise: :math:`\\sigma` (PINNacle: 0.1).
         dtype: ``"float32"`` or ``"float64"`` for the networks; batches are cast to it.
+        imposed_count: None (default): the PDE and a's boundary values imposed at the data's
+            ``x_pde_imposed`` / ``x_coef_imposed``; an integer or ``"auto"``: the module chooses them from
+            the objective's own points ``x_pde`` / ``x_coef`` (``Imposed(..., count=imposed_count)``,
+            :mod:`lit_constrained.module_parts.row_choice`). The band is at ``x_band_imposed`` either way.
         **kwargs: the :class:`~lit_constrained.module.ConstrainedModule` arguments (optimizer, ...).
     """
 
@@ -85,8 +89,11 @@ class InverseTask(ConstrainedModule):
     coordinates: tuple[str, ...] = ("x", "y")
 
     def __init__(self, hidden: int = 50, depth: int = 5, band_k: float = 5.0, noise: float = NOISE,
-                 dtype: DTypeName = "float32", **kwargs: Any) -> None:
+                 dtype: DTypeName = "float32", imposed_count: int | Literal["auto"] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        check_count(imposed_count)
+        self.imposed_count = imposed_count
         if not band_k > 0 or not noise > 0:
             raise ValueError(f"band_k and noise must be > 0, got band_k={band_k!r}, noise={noise!r}.")
         self.band_k, self.noise = float(band_k), float(noise)
@@ -148,9 +155,10 @@ class InverseTask(ConstrainedModule):
     def imposed(self, batch: dict[str, Tensor]) -> dict[str, Imposed] | None:
         band = batch["x_band_imposed"]
         x_band, d_band = band[:, :-1], band[:, -1]
+        pool = "" if self.imposed_count is not None else "_imposed"  # the objective's points, or the data's
         parts = {
-            "pde": Imposed(self.pde_residual, batch["x_pde_imposed"]),
-            "coef": Imposed(self.coef_residual, batch["x_coef_imposed"]),
+            "pde": Imposed(self.pde_residual, batch[f"x_pde{pool}"], count=self.imposed_count),
+            "coef": Imposed(self.coef_residual, batch[f"x_coef{pool}"], count=self.imposed_count),
             "band_upper": Imposed(self.band_upper_residual, x_band, data=d_band, sense="<="),
             "band_lower": Imposed(self.band_lower_residual, x_band, data=d_band, sense=">="),
         }

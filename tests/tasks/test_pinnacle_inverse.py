@@ -146,6 +146,24 @@ def test_the_band_rows_have_their_senses_and_values():
     assert violated_part(truth, signs).max() == 0  # the exact u is feasible
 
 
+def test_with_a_count_the_pde_and_coef_rows_come_from_the_objectives_points():
+    """imposed_count=3: the module imposes 3 of the 16 interior points (PDE) and 3 of the 8 boundary points
+    (a = a*), the residuals' values at exactly those points of x_pde / x_coef."""
+    _, data = small("pinv")
+    torch.manual_seed(0)
+    model = PoissonInverse(hidden=4, depth=2, dtype="float64", imposed_count=3)
+    batch = model.prepare_batch(next(iter(data.train_dataloader())))
+    c = model.constraints(batch).detach()
+    chosen = model.row_choice.chosen
+    assert {name: index.numel() for name, index in chosen.items()} == {"pde": 3, "coef": 3}
+    pde = model.pde_residual(batch["x_pde"][chosen["pde"]]).detach()
+    coef = model.coef_residual(batch["x_coef"][chosen["coef"]]).detach()
+    band = c.numel() - 6  # the band's rows stay at x_band_imposed (3 observations, two rows each)
+    assert band == 6 and torch.allclose(c[:6], torch.cat([pde, coef]), atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="count must be None"):
+        PoissonInverse(imposed_count=0.5)
+
+
 @pytest.mark.parametrize("problem", list(DATA))
 def test_objective_is_pinnacles_sum_and_the_metrics_the_relative_errors(problem):
     model, data = small(problem)
