@@ -39,13 +39,14 @@ exceeds the largest rank the step's factorization reported at a choice (``optimi
 below the rows it factored: rows beyond it are dependent and add cost, not constraint (the largest, not the last: the rank of fewer
 rows is at most their number, so the last would only ratchet the count down).
 
-**The count follows what holds.** A fit starts each auto part at :data:`FIRST_POINTS` (8) points at
-most. At each re-choice the module asks whether the rows imposed since the
+**The count follows what holds.** At each re-choice, and once :data:`FIRST_CHECK` (20) steps after a
+fit's first choice, the module asks whether the rows imposed since the
 last one held (:meth:`RowChoice.held`: max |c| at the interval's last step at most :data:`HOLD_RATIO` x
 max(max |c| at its first step, 1)); if not, each auto part's count is capped at half of what it was,
-and after each interval that held the cap doubles (the budget still bounds the count): 8, 16, 32, ...
-points a part at steps 0, 100, 200 while the rows hold. Measured on Burgers1d-C from the initial
-weights: 25 points a part never held and lost the network (rel. L2 1.02 at the end), 8 held by step 20. Measured on
+and after each interval that held the cap doubles (the budget still bounds the count). Measured on
+Burgers1d-C from the initial weights: 25 points a part never held and lost the network within 50 steps
+(rel. L2 1.02 at the end), so the first check comes early; starting every fit small instead (8 a part,
+doubling) blew up Wave1d-C's objective (1.2e4 at step 50, rel. L2 0.88 at the end against 0.33-0.40). Measured on
 Burgers1d-C: with 23 points a part the newly chosen worst points at the shock did not hold for the last
 300 steps, and the test error went from 0.55 to 2.5.
 
@@ -96,13 +97,12 @@ ImposedChoice = Literal["spread", "largest"]
 PROBE_POINTS = 8
 """Points of a part whose per-point Jacobian is timed for the cost model."""
 
-FIRST_POINTS = 8
-"""Each auto part's cap at a fit's first choice: the count starts small and doubles after every interval
-whose rows held (:meth:`RowChoice.held`), up to what the cost budget affords. Measured on Burgers1d-C
-(seed 0, from the initial weights, 3 parts): 25 points a part never held (max |c| 1.06 for 40 steps,
-J's rank 56 of 75 rows, then max |c| 40 and the network lost for good: rel. L2 1.02 at step 2 000), 16
-held by step 80, 8 by step 20; an auto run that the probe's model gave 25 a part at step 0 ended at
-1.02 against plain Adam's 0.55 (and Heat2d-MS at 2.62)."""
+FIRST_CHECK = 20
+"""Steps after a fit's first choice at which the auto rows are checked (:meth:`RowChoice.held`) before the
+first full interval: the rows imposed from the initial weights are where a count too large shows
+(Burgers1d-C, seed 0, 25 points a part: max |c| 1.06 for 40 steps, J's rank 56 of 75 rows, then 40 and
+the network lost for good, rel. L2 1.02 at step 2 000; 8 a part held by step 20). The check halves the
+counts if the rows did not hold; it corrects no cost (its steps are the run's dearest)."""
 
 SETTLING_CORRECTIONS = 3
 """Re-choices at which the cost model is corrected by the steps measured since the one before (then kept).
@@ -339,6 +339,8 @@ class RowChoice:
         the cap on the rows. Not the last one: the rank of fewer rows is at most their number, so the last
         rank as the cap would only ratchet down (measured on Wave1d-C: 112 rows of rank 75, then 44 rows of
         rank 41, 40 of 37, ...)."""
+        self.first_check = False
+        """Whether the check :data:`FIRST_CHECK` steps after the first choice of auto rows is still to come."""
         self.last_rows: int | None = None
         """The rows of the last step observed (the size of its c): what the rank reported with it is of."""
         self._step_times: list[float] = []  # the steps' seconds since the last choice (the model's check)
@@ -375,7 +377,9 @@ class RowChoice:
                 if isinstance(part, Imposed) and part.count is not None}
 
     def due(self, step: int) -> bool:
-        return self.chosen_at is None or step - self.chosen_at >= self.every
+        if self.chosen_at is None:
+            return True
+        return step - self.chosen_at >= (min(FIRST_CHECK, self.every) if self.first_check else self.every)
 
     def apply(self, task: Any, batch: Any, parts: Mapping[str, Part] | None) -> dict[str, Part] | None:
         """``parts`` with each counted part's points (and their data) cut to its chosen ones (chosen now if
@@ -401,6 +405,7 @@ class RowChoice:
     def choose(self, task: Any, batch: Any, parts: Mapping[str, Part], step: int) -> None:
         """Choose every counted part's points at the current weights (by :attr:`rule`)."""
         counted = self.counted(parts)
+        early = self.first_check  # the check FIRST_CHECK steps after the first choice
         with torch.enable_grad():
             # the whole pool only where its residuals are scored ("largest"); one point tells the widths
             values = {name: _as_rows((part if self.rule == "largest" else part.at(slice(0, 1))).values()).detach()
@@ -412,7 +417,9 @@ class RowChoice:
         if auto:
             if self.cost is None or set(self.cost.row_s) != set(auto):
                 self.cost = measure_cost(task, batch, auto, widths)
-                self.auto_caps = {name: FIRST_POINTS for name in auto}
+                self.first_check = True
+            elif early:
+                self.first_check = False
             elif not self.cost.settled and len(self._step_times) >= 3 and set(self.chosen) == set(counted):
                 last = {name: int(self.chosen[name].numel()) for name in auto}
                 # t_f again, warm: measured at a fit's first step it read up to 1.4x the steady one (Burgers1d-C:
@@ -473,7 +480,7 @@ class RowChoice:
         """The most rows the auto parts may take beside ``fixed_rows`` (None: no cap yet), given the
         ``rank`` of J reported now by a step of ``rows`` rows: :attr:`max_rank`, raised to ``rank`` when
         that is larger and below ``rows`` (a J of full rank says nothing about how many rows more it
-        could carry: with the counts starting at :data:`FIRST_POINTS` it would hold them there)."""
+        could carry: its rank as the cap would hold a count that started small where it was)."""
         if rank is not None and rows is not None and rank < rows and (self.max_rank is None or rank > self.max_rank):
             self.max_rank = rank
         return None if self.max_rank is None else max(self.max_rank - fixed_rows, 1)
@@ -483,7 +490,7 @@ class RowChoice:
         cost = None if self.cost is None else dataclasses.asdict(self.cost)
         return {"chosen": {name: index.cpu() for name, index in self.chosen.items()}, "pools": dict(self.pools),
                 "kept": {name: (points.cpu(), _moved(data, torch.device("cpu"))) for name, (points, data) in self.kept.items()},
-                "cost": cost, "chosen_at": self.chosen_at, "max_rank": self.max_rank, "last_rows": self.last_rows, "auto_caps": dict(self.auto_caps),
+                "cost": cost, "chosen_at": self.chosen_at, "max_rank": self.max_rank, "last_rows": self.last_rows, "first_check": self.first_check, "auto_caps": dict(self.auto_caps),
                 "violations": [None if v is None else float(v) for v in self.violations]}
 
     def load_state_dict(self, state: Mapping[str, Any], device: torch.device | None = None) -> None:
@@ -498,6 +505,7 @@ class RowChoice:
         self.chosen_at = state.get("chosen_at")
         self.max_rank = state.get("max_rank")
         self.last_rows = state.get("last_rows")
+        self.first_check = bool(state.get("first_check", False))
         self.auto_caps = {name: int(cap) for name, cap in state.get("auto_caps", {}).items()}
         self.violations = tuple(None if v is None else torch.tensor(float(v), dtype=torch.float64, device=device)
                                 for v in state.get("violations", (None, None)))

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from lit_constrained import ConstrainedModule, Imposed
 from lit_constrained.module_parts.row_choice import (
-    CHECKPOINT_KEY, FIRST_POINTS, SETTLING_CORRECTIONS, CostModel, RowChoice, auto_counts, equal_shares, farthest_points, row_scores, spread_largest,
+    CHECKPOINT_KEY, FIRST_CHECK, SETTLING_CORRECTIONS, CostModel, RowChoice, auto_counts, equal_shares, farthest_points, row_scores, spread_largest,
 )
 from tests.helpers.lightning import quiet_trainer
 
@@ -111,21 +111,28 @@ def test_the_rows_cap_is_the_largest_rank_reported_below_its_rows_and_resumes() 
     assert resumed.max_rank == 80 and resumed.rows_cap(41, 44, 0) == 80
 
 
-def test_an_auto_fit_starts_at_eight_points_a_part_and_doubles_while_the_rows_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cheap model (every count within budget): the first choice takes 8 of the 101 points; after an
-    interval whose rows held, 16; after one that did not, half the count."""
+def test_the_first_auto_choice_is_checked_after_twenty_steps_and_halved_if_its_rows_did_not_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cheap model (every count within budget, the whole pool of 101 points): the first check is due at
+    step FIRST_CHECK (20), not rechoose_every (100); rows that did not come down there (1.0 -> 0.9) halve
+    the count and correct no cost; the next check is rechoose_every later."""
     import lit_constrained.module_parts.row_choice as row_choice
 
     monkeypatch.setattr(row_choice, "measure_free", lambda task, batch, repeats=3: 1.0)
     monkeypatch.setattr(row_choice, "measure_cost", lambda task, batch, parts, widths: CostModel(1.0, {"fit": 1e-9}, 0.0))
-    model = Bumps(count="auto", rechoose_every=10, lr_decay="none")
+    model = Bumps(count="auto", rechoose_every=100, lr_decay="none")
     model.constraints(None)
-    assert model.row_choice.rows()["fit"] == (FIRST_POINTS, 101) and FIRST_POINTS == 8
-    for step, violations, points in ((10, (1.0, 1e-4), 16), (20, (1.0, 0.5), 8)):
-        for seconds, violation in zip((1.0, 1.0, 1.0), (violations[0], 0.7, violations[1])):
-            model.row_choice.observed(seconds, torch.tensor(violation))
-        model.row_choice.choose(model, None, model.imposed(None), step)
-        assert model.row_choice.rows()["fit"] == (points, 101)
+    choice = model.row_choice
+    assert choice.rows()["fit"] == (101, 101) and choice.first_check
+    assert not choice.due(FIRST_CHECK - 1) and choice.due(FIRST_CHECK) and FIRST_CHECK == 20
+    for violation in (1.0, 0.95, 0.9):
+        choice.observed(1.0, torch.tensor(violation))
+    choice.choose(model, None, model.imposed(None), FIRST_CHECK)
+    assert choice.rows()["fit"] == (50, 101) and choice.cost.corrections == 0 and not choice.first_check
+    assert not choice.due(FIRST_CHECK + 99) and choice.due(FIRST_CHECK + 100)
+    resumed = RowChoice()
+    resumed.load_state_dict(choice.state_dict())
+    assert not resumed.first_check and resumed.auto_caps == {"fit": 50}
 
 
 def test_rows_that_did_not_hold_halve_the_auto_counts_and_rows_that_held_let_them_grow_back() -> None:
@@ -239,10 +246,10 @@ def test_spread_rows_ignore_the_residuals_and_stay_at_a_re_choice_of_the_same_co
 
 def test_auto_measures_its_cost_and_stays_within_the_pool_and_the_summary_names_it(capsys: pytest.CaptureFixture) -> None:
     model = Bumps(count="auto", rechoose_every=10)
-    quiet_trainer(max_steps=12, limit_val_batches=0).fit(model, train_dataloaders=_loader())
+    quiet_trainer(max_steps=22, limit_val_batches=0).fit(model, train_dataloaders=_loader())
     points, pool = model.row_choice.rows()["fit"]
     assert 1 <= points <= pool == 101
-    assert model.row_choice.cost is not None and model.row_choice.cost.corrections == 1  # corrected at step 10
+    assert model.row_choice.cost is not None and model.row_choice.cost.corrections == 1  # checked at 10, corrected at 20
     assert model.row_choice.cost.free_s > 0 and model.row_choice.cost.row_s["fit"] > 0
     assert f"imposed      fit {points} of 101 points (chosen from the pools, every 10 steps)" in capsys.readouterr().out
 
@@ -259,6 +266,7 @@ def test_the_correction_measures_the_free_step_again_warm(monkeypatch: pytest.Mo
     model.constraints(None)  # the first choice: the probe's model, t_f = 0.5
     first = model.row_choice.cost
     assert first.free_s == 0.5 and not first.settled
+    model.row_choice.first_check = False  # (the first check corrects nothing: its own test)
     counts = {"fit": int(model.row_choice.chosen["fit"].numel())}
     for _ in range(5):
         model.row_choice.observed(1.0, None)  # the steps since, as the module's clock would report them: 1 s each
@@ -278,6 +286,7 @@ def test_the_model_is_corrected_at_the_first_three_re_choices_and_kept_after(mon
     monkeypatch.setattr(row_choice, "measure_free", lambda task, batch, repeats=3: 0.25)
     model = Bumps(count="auto", rechoose_every=10, lr_decay="none")
     model.constraints(None)
+    model.row_choice.first_check = False  # (the first check corrects nothing: its own test)
     for step, seconds in zip((10, 20, 30), (1.0, 0.5, 0.4)):
         counts = {"fit": int(model.row_choice.chosen["fit"].numel())}
         for _ in range(5):
@@ -303,16 +312,17 @@ def _fit_to(directory: Path, steps: int, resume: bool, count: Any = "auto") -> B
 
 
 def test_resume_with_auto_rows_is_bit_exact(tmp_path: Path) -> None:
-    """A run stopped at step 14 (its cost model corrected at steps 4, 8 and 12, settled), resumed to 24 twice from the same
+    """A run stopped at step 18 (its first rows checked at step 4, its cost model corrected at steps 8, 12 and 16,
+    settled), resumed to 28 twice from the same
     checkpoint: bit-identical (the rows, the counts' cost model and the choice step come from the
     checkpoint; nothing measured after the settling enters the choice)."""
-    _fit_to(tmp_path, 14, resume=False)
+    _fit_to(tmp_path, 18, resume=False)
     saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
-    assert saved[CHECKPOINT_KEY]["cost"]["corrections"] == SETTLING_CORRECTIONS and saved[CHECKPOINT_KEY]["chosen_at"] == 12
+    assert saved[CHECKPOINT_KEY]["cost"]["corrections"] == SETTLING_CORRECTIONS and saved[CHECKPOINT_KEY]["chosen_at"] == 16
     (tmp_path / "copy").mkdir()
     (tmp_path / "copy" / "last.ckpt").write_bytes((tmp_path / "last.ckpt").read_bytes())
-    first = _fit_to(tmp_path, 24, resume=True)
-    second = _fit_to(tmp_path / "copy", 24, resume=True)
+    first = _fit_to(tmp_path, 28, resume=True)
+    second = _fit_to(tmp_path / "copy", 28, resume=True)
     assert first.row_choice.chosen["fit"].tolist() == second.row_choice.chosen["fit"].tolist()
     for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
         assert torch.equal(a, b), name
