@@ -14,9 +14,9 @@ them are imposed, re-chosen every ``rechoose_every`` steps (and at the first ste
   taken greedily, highest score first, skipping any point closer than :math:`\rho = \tfrac12 k^{-1/d}`
   (in the unit-scaled box) to one taken, filled up by score when the spacing leaves fewer than k.
 
-Measured on PINNacle's four tasks (the defaults, 2 000 steps on 1 024/256/256 points, rel. L2 against
-plain Adam's on the same machine at the same CPU time; docs/pinnacle.md, "Against the targets"): spread,
-seed 0, Poisson2d-C 9.7e-3 (Adam 0.53), Wave1d-C 0.33 (0.55), Burgers1d-C 0.17 (0.46), Heat2d-MS 1.07
+Measured on PINNacle's four tasks (the defaults of package c7aa053, Intel Xeon, 2 000 steps on
+1 024/256/256 points, rel. L2 against plain Adam's on the same machine at the same CPU time;
+docs/pinnacle.md, "Against the targets", has the current defaults' figures): spread, seed 0, Poisson2d-C 9.7e-3 (Adam 0.53), Wave1d-C 0.33 (0.55), Burgers1d-C 0.17 (0.46), Heat2d-MS 1.07
 (0.91); the largest residuals lost Burgers1d-C (0.78 against 0.45) and Heat2d-MS (1.30 against 0.91).
 With the counts pinned equal (``runs_rule_*_pinned.jsonl``) the largest residuals do better where the
 solution is smooth (Poisson2d-C 9.1e-3 against 1.35e-2 for a residual-blind spread, Wave1d-C 0.36
