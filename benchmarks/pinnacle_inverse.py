@@ -82,14 +82,14 @@ def build(problem: str, variant: str, seed: int) -> tuple[Any, Any, Any]:
     data_args = {**spec["data"]["init_args"], "seed": seed}
     measured = data_cls(**{**config(problem)["data"]["init_args"], "seed": seed})
     extra = {k: v for k, v in spec["model"]["init_args"].items() if k not in ("optimizer", "num_threads")}
+    nothing_imposed = {**data_args, **{k: 0 for k in data_args if k.endswith("_imposed")}}
     if variant == "auto":
-        data = data_cls(**{**data_args, **{k: 0 for k in data_args if k.endswith("_imposed")}})
-        optimizer = spec["model"]["init_args"]["optimizer"]
+        data, optimizer = data_cls(**nothing_imposed), spec["model"]["init_args"]["optimizer"]
         extra = {"band_k": extra.get("band_k", 5.0), "imposed_count": "auto"}  # the module's defaults otherwise
     elif variant in CONFIGS:
         data, optimizer = data_cls(**data_args), spec["model"]["init_args"]["optimizer"]
     else:
-        data = data_cls(**{**data_args, **{k: 0 for k in data_args if k.endswith("_imposed")}})
+        data = data_cls(**nothing_imposed)
         optimizer = {"class_path": "torch.optim.Adam", "init_args": {"lr": 1e-3}}
     torch.manual_seed(seed)
     model = task_cls(optimizer=optimizer, num_threads=1, **extra)

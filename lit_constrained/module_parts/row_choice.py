@@ -16,8 +16,8 @@ them are imposed, re-chosen every ``rechoose_every`` steps (and at the first ste
 
 Measured on PINNacle's four tasks (the defaults of package c7aa053, Intel Xeon, 2 000 steps on
 1 024/256/256 points, rel. L2 against plain Adam's on the same machine at the same CPU time;
-docs/pinnacle.md, "Against the targets", has the current defaults' figures): spread, seed 0, Poisson2d-C 9.7e-3 (Adam 0.53), Wave1d-C 0.33 (0.55), Burgers1d-C 0.17 (0.46), Heat2d-MS 1.07
-(0.91); the largest residuals lost Burgers1d-C (0.78 against 0.45) and Heat2d-MS (1.30 against 0.91).
+docs/pinnacle.md, "Against the targets", has the current defaults' figures): spread, seed 0,
+Poisson2d-C 9.7e-3 (Adam 0.53), Wave1d-C 0.33 (0.55), Burgers1d-C 0.17 (0.46), Heat2d-MS 1.07 (0.91); the largest residuals lost Burgers1d-C (0.78 against 0.45) and Heat2d-MS (1.30 against 0.91).
 With the counts pinned equal (``runs_rule_*_pinned.jsonl``) the largest residuals do better where the
 solution is smooth (Poisson2d-C 9.1e-3 against 1.35e-2 for a residual-blind spread, Wave1d-C 0.36
 against 0.46) and worse where they sit on a feature the network cannot yet represent: Burgers1d-C's
@@ -282,8 +282,8 @@ def auto_counts(cost: CostModel, budget: float, shares: Mapping[str, float], poo
 
     low, high = 0.0, float(sum(pools.values())) / min(shares.values())  # counts(high): every pool whole
     if fits(counts(high)):
-        low = high
-    for _ in range(0 if low == high else 50):
+        low = high  # the bisection below then keeps it
+    for _ in range(50):
         middle = (low + high) / 2
         low, high = (middle, high) if fits(counts(middle)) else (low, middle)
     chosen = counts(low)
