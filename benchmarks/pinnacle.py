@@ -149,8 +149,10 @@ def lr_schedule(variant: str, steps: int, lr: float, spec: dict[str, Any] | None
     return {"class_path": spec["class_path"], "init_args": args}
 
 
-def build(problem: str, variant: str, points: dict[str, int], seed: int, steps: int) -> tuple[Any, Any]:
-    """The task (seeded: the same initial weights for every variant) and its data for ``variant``."""
+def build(problem: str, variant: str, points: dict[str, int], seed: int, steps: int,
+          fourier_features: int = 0) -> tuple[Any, Any]:
+    """The task (seeded: the same initial weights for every variant) and its data for ``variant``
+    (``fourier_features``: the task's argument, 0 PINNacle's network)."""
     task_cls, data_cls = classes(problem)
     rec = recommended(problem)
     base, suffix = split_variant(variant)
@@ -163,6 +165,8 @@ def build(problem: str, variant: str, points: dict[str, int], seed: int, steps: 
     torch.manual_seed(seed)
     scheduler = lr_schedule(variant, steps, optimizer["init_args"]["lr"], rec["lr_scheduler"])
     extra: dict[str, Any] = {"imposed_count": "auto"} if base == "auto" else {}
+    if fourier_features:
+        extra["fourier_features"] = fourier_features
     if suffix == "const" or (is_constrained(base) and scheduler is None and base != "auto"):
         extra["lr_decay"] = "none"  # a constant lr, as the variant names (the module's default would decay it)
     model = task_cls(optimizer=optimizer, lr_scheduler=scheduler, num_threads=1, **extra)
@@ -337,9 +341,12 @@ def final_figures(model: Any, data: Any) -> dict[str, float]:
             "max_held_out": float(held.abs().max())}
 
 
-def run_key(problem: str, variant: str, steps: int, points: dict[str, int], seed: int) -> str:
-    return json.dumps({"problem": problem, "variant": variant, "steps": steps, "points": points, "seed": seed},
-                      sort_keys=True)
+def run_key(problem: str, variant: str, steps: int, points: dict[str, int], seed: int,
+            fourier_features: int = 0) -> str:
+    key: dict[str, Any] = {"problem": problem, "variant": variant, "steps": steps, "points": points, "seed": seed}
+    if fourier_features:  # (the records of PINNacle's network keep their keys)
+        key["fourier_features"] = fourier_features
+    return json.dumps(key, sort_keys=True)
 
 
 def load(out: Path) -> list[dict[str, Any]]:
@@ -372,8 +379,8 @@ def code_version() -> str:
 
 
 def run_one(problem: str, variant: str, steps: int, points: dict[str, int], seed: int, every: int,
-            cpu_budget: float, snapshot: Snapshot) -> dict[str, Any]:
-    model, data = build(problem, variant, points, seed, steps)
+            cpu_budget: float, snapshot: Snapshot, fourier_features: int = 0) -> dict[str, Any]:
+    model, data = build(problem, variant, points, seed, steps, fourier_features)
     record: dict[str, Any] = {"code": code_version(), "torch": torch.__version__, "problem": problem, "pinnacle": PINNACLE_NAMES[problem], "variant": variant,
                               "steps": steps, "points": points, "seed": seed, "weights": weights_hash(model),
                               "optimizer": model.hparams["optimizer"] if variant != "lbfgs" else
@@ -381,6 +388,8 @@ def run_one(problem: str, variant: str, steps: int, points: dict[str, int], seed
                                                                                 "line_search_fn": "strong_wolfe"}},
                               "imposed": {k: data.hparams[k] for k in data.hparams if k.endswith("_imposed")},
                               "lr_scheduler": model.hparams.get("lr_scheduler"), "cpu": cpu_model()}
+    if fourier_features:
+        record["fourier_features"] = fourier_features
     args = {"every": every, "steps": steps, "cpu_budget": cpu_budget}
     wall = time.perf_counter()
     resumed = snapshot.saved()  # read once: the run continues from it
@@ -426,9 +435,9 @@ def report(records: list[dict[str, Any]]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, int, str, int], dict[str, dict[str, Any]]] = {}
     for r in records:
-        group = (r["problem"], r["steps"], json.dumps(r["points"], sort_keys=True), r["seed"])
+        group = (r["problem"], r["steps"], json.dumps(r["points"], sort_keys=True), r["seed"], r.get("fourier_features", 0))
         groups.setdefault(group, {})[r["variant"]] = r
-    for (problem, steps, points, seed), runs in groups.items():
+    for (problem, steps, points, seed, features), runs in groups.items():
         rec = runs.get("recommended")
         budget = rec["trajectory"][-1][1] if rec else None
         pts = "/".join(str(v) for k, v in sorted(json.loads(points).items(), key=lambda kv: ORDER.index(kv[0])))
@@ -441,6 +450,7 @@ def report(records: list[dict[str, Any]]) -> str:
             reached = budget is not None and r["trajectory"][-1][1] >= 0.98 * budget
             c = at_cpu(r, budget) if reached else None
             name = variant if not is_constrained(split_variant(variant)[0]) else f"{variant} ({imposed_text(r)} imposed)"
+            name += f", Fourier features K = {features}" if features else ""
             equal_time = f"{c[2]:.2e} ({int(c[0])})" if c else "-"
             adam = runs.get("adam")
             own = r["trajectory"][-1][1]
@@ -462,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-initial", type=int, default=None,
                         help="default: the recommended config's (256; Heat2d-MS 2 048)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fourier-features", type=int, default=0, metavar="K",
+                        help="the tasks' fourier_features (K frequencies over the domain's box; 0: PINNacle's network)")
     parser.add_argument("--every", type=int, default=100, help="record the test error every N steps")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--snapshot-every", type=int, default=500,
@@ -490,18 +502,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{problem} {variant}: the recommended configuration's points, skipped", flush=True)
             continue
         records = load(args.out)
-        done = {run_key(r["problem"], r["variant"], r["steps"], r["points"], r["seed"]) for r in records}
-        key = run_key(problem, variant, args.steps, points, args.seed)
+        done = {run_key(r["problem"], r["variant"], r["steps"], r["points"], r["seed"], r.get("fourier_features", 0))
+                for r in records}
+        key = run_key(problem, variant, args.steps, points, args.seed, args.fourier_features)
         if key in done:
             print(f"{problem} {variant}: recorded already, skipped", flush=True)
             continue
         budget = max([r["trajectory"][-1][1] for r in records if r["variant"] in ("recommended", "auto") and
-                      (r["problem"], r["steps"], r["points"], r["seed"]) == (problem, args.steps, points, args.seed)],
-                     default=0.0)
+                      (r["problem"], r["steps"], r["points"], r["seed"], r.get("fourier_features", 0))
+                      == (problem, args.steps, points, args.seed, args.fourier_features)], default=0.0)
         timed_against = variant in ("adam", "lbfgs")
         snapshot = Snapshot(args.out.with_name(args.out.name + ".partial"), key, args.snapshot_every)
         record = run_one(problem, variant, args.steps, points, args.seed, args.every,
-                         budget if timed_against else 0.0, snapshot)
+                         budget if timed_against else 0.0, snapshot, args.fourier_features)
         with args.out.open("a") as handle:
             handle.write(json.dumps(record, separators=(",", ":")) + "\n")
         snapshot.remove()

@@ -23,7 +23,8 @@ points: Poisson2d-C's Laplacian 31 ms against 124 ms by nested ``jvp``; Burgers1
 Heat2d-MS (``derivatives``: the full Hessian) 1.5-1.9x faster (``benchmarks/bench_jets.py``).
 
 Inside torch.func transforms the operators of :mod:`lit_constrained.physics.operators` use a jet whenever
-the field has one (:func:`field_jet`): an ``nn.Sequential`` of :data:`ACTIVATIONS`, ``nn.Identity`` and
+the field has one (:func:`field_jet`): an ``nn.Sequential`` of :data:`ACTIVATIONS`, ``nn.Identity``,
+:class:`~lit_constrained.physics.features.FourierFeatures` (a fixed affine map and a sine) and
 ``nn.Linear`` layers, or any object with a ``jet(x, pairs)`` method returning a :class:`Jet` in the field's
 own shape (a module whose ``forward`` is ``self.net(x)[:, 0]`` returns
 ``sequential_jet(self.net, x, pairs).component(0)``). A jet is plain tensor operations, differentiable
@@ -38,6 +39,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from .features import FourierFeatures
 
 __all__ = ["ACTIVATIONS", "Jet", "Pair", "all_pairs", "diagonal_pairs", "field_jet", "sequential_jet"]
 
@@ -64,6 +67,11 @@ def _silu(z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     s = torch.sigmoid(z)
     slope = s * (1 + z * (1 - s))
     return z * s, slope, s * (1 - s) * (2 + z * (1 - 2 * s))
+
+
+def _sine(z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    s = torch.sin(z)
+    return s, torch.cos(z), -s
 
 
 ACTIVATIONS: dict[type[nn.Module], Derivatives] = {nn.Tanh: _tanh, nn.Sigmoid: _sigmoid, nn.SiLU: _silu}
@@ -119,16 +127,32 @@ def diagonal_pairs(dim: int, axes: Sequence[int] | None = None) -> tuple[Pair, .
 
 def _supported(net: nn.Module) -> bool:
     return isinstance(net, nn.Sequential) and len(net) > 0 and all(
-        isinstance(layer, nn.Linear) or type(layer) in ACTIVATIONS or isinstance(layer, nn.Identity) for layer in net)
+        isinstance(layer, (nn.Linear, nn.Identity, FourierFeatures)) or type(layer) in ACTIVATIONS for layer in net)
+
+
+def _affine(streams: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    r""":math:`z \mapsto W z + b` on the value stream, :math:`W` on the others: ONE product for all."""
+    out = streams @ weight.transpose(0, 1)
+    value = out[:1] if bias is None else out[:1] + bias
+    return torch.cat([value, out[1:]])
+
+
+def _activated(streams: Tensor, derivatives: Derivatives, d: int, pairs: tuple[Pair, ...]) -> Tensor:
+    """The elementwise activation with ``derivatives`` on every stream (the chain rule of the module docstring)."""
+    s, slope, curvature = derivatives(streams[0])
+    tangents = streams[1:1 + d]
+    seconds = [slope * streams[1 + d + p] + curvature * tangents[i] * tangents[j] for p, (i, j) in enumerate(pairs)]
+    return torch.cat([s[None], slope * tangents, *([torch.stack(seconds)] if seconds else [])])
 
 
 def sequential_jet(net: nn.Sequential, x: Tensor, pairs: Sequence[Pair] = ()) -> Jet:
-    """The value, gradient and second derivatives ``pairs`` of ``net`` (``nn.Linear`` and :data:`ACTIVATIONS`
-    layers) at the points ``x`` (N, d), in one forward pass of ``1 + d + len(pairs)`` stacked streams."""
+    """The value, gradient and second derivatives ``pairs`` of ``net`` (``nn.Linear``, ``FourierFeatures``
+    and :data:`ACTIVATIONS` layers) at the points ``x`` (N, d), in one forward pass of ``1 + d + len(pairs)`` stacked streams."""
     if not _supported(net):
         kinds = sorted({type(layer).__name__ for layer in net} if isinstance(net, nn.Sequential) else {type(net).__name__})
         activations = sorted(t.__name__ for t in ACTIVATIONS)
-        raise TypeError(f"a jet passes through nn.Sequential of nn.Linear, nn.Identity and {activations} layers; "
+        raise TypeError(f"a jet passes through nn.Sequential of nn.Linear, nn.Identity, FourierFeatures and "
+                        f"{activations} layers; "
                         f"got {kinds}.")
     n, d = x.shape
     pairs = tuple((min(i, j), max(i, j)) for i, j in pairs)
@@ -137,17 +161,11 @@ def sequential_jet(net: nn.Sequential, x: Tensor, pairs: Sequence[Pair] = ()) ->
     streams = torch.cat([x[None], unit, x.new_zeros(len(pairs), n, d)])
     for layer in net:
         if isinstance(layer, nn.Linear):
-            out = streams @ layer.weight.transpose(0, 1)  # every stream through ONE product
-            value = out[:1] if layer.bias is None else out[:1] + layer.bias
-            streams = torch.cat([value, out[1:]])
-        elif isinstance(layer, nn.Identity):
-            continue
-        else:
-            s, slope, curvature = ACTIVATIONS[type(layer)](streams[0])
-            tangents = streams[1:1 + d]
-            seconds = [slope * streams[1 + d + p] + curvature * tangents[i] * tangents[j]
-                       for p, (i, j) in enumerate(pairs)]
-            streams = torch.cat([s[None], slope * tangents, *([torch.stack(seconds)] if seconds else [])])
+            streams = _affine(streams, layer.weight, layer.bias)
+        elif isinstance(layer, FourierFeatures):  # a fixed affine map, then a sine
+            streams = _activated(_affine(streams, layer.weight, layer.bias), _sine, d, pairs)
+        elif not isinstance(layer, nn.Identity):
+            streams = _activated(streams, ACTIVATIONS[type(layer)], d, pairs)
     return Jet(streams[0], streams[1:1 + d].permute(1, 2, 0), streams[1 + d:].permute(1, 2, 0), pairs)
 
 

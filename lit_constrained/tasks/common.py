@@ -22,12 +22,15 @@ def mlp(
     depth: int,
     out_dim: int,
     activation: Callable[[], nn.Module] = nn.Tanh,
+    features: nn.Module | None = None,
 ) -> nn.Sequential:
     """A fully connected network ``in_dim -> hidden x depth -> out_dim``.
 
     ``depth`` is the number of hidden layers; each is ``Linear`` followed by ``activation()``; the
     output layer is linear. Weights use PyTorch's default ``nn.Linear`` initialization (seed it
-    with ``torch.manual_seed`` / ``seed_everything`` before building).
+    with ``torch.manual_seed`` / ``seed_everything`` before building). ``features``: a fixed first layer
+    of ``in_dim`` inputs and ``features.out_features`` outputs (e.g.
+    :class:`~lit_constrained.physics.features.FourierFeatures`), the first ``Linear`` taking its outputs.
 
     Example:
         >>> net = mlp(1, 32, 3, 1)
@@ -41,6 +44,9 @@ def mlp(
         raise ValueError(f"mlp: depth (number of hidden layers) must be an integer >= 0, got {depth!r}.")
     layers: list[nn.Module] = []
     width = in_dim
+    if features is not None:
+        layers.append(features)
+        width = int(features.out_features)
     for _ in range(depth):
         layers += [nn.Linear(width, hidden), activation()]
         width = hidden

@@ -26,11 +26,15 @@ import torch
 from torch import Tensor
 
 from lit_constrained.physics import derivatives, laplacian
+from lit_constrained.tasks.pinnacle_burgers_data import DOMAIN as BURGERS_BOX
 from lit_constrained.tasks.pinnacle_burgers_data import NU, burgers_exact, burgers_initial
 from lit_constrained.tasks.pinnacle_common import PinnacleTask
 from lit_constrained.tasks.pinnacle_data import PinnacleData
 from lit_constrained.tasks.pinnacle_heat_data import DIFFUSIVITY, heat_exact, heat_initial
+from lit_constrained.tasks.pinnacle_heat_data import DOMAIN as HEAT_BOX
+from lit_constrained.tasks.pinnacle_poisson_data import SQUARE as POISSON_BOX
 from lit_constrained.tasks.pinnacle_poisson_data import solve_reference
+from lit_constrained.tasks.pinnacle_wave_data import DOMAIN as WAVE_BOX
 from lit_constrained.tasks.pinnacle_wave_data import SPEED, wave_exact
 
 __all__ = [
@@ -44,6 +48,7 @@ class BurgersPinnacle(PinnacleTask):
     r"""Burgers1d-C: :math:`u_t + u u_x = \nu u_{xx}` on [-1, 1] x [0, 1], u(±1, t) = 0, u(x, 0) = -sin(pi x)."""
 
     input_dim = 2
+    box = BURGERS_BOX
     conditions = ("pde", "boundary", "initial")
 
     def pde_residual(self, x: Tensor) -> Tensor:
@@ -61,6 +66,7 @@ class PoissonPinnacle(PinnacleTask):
     r"""Poisson2d-C: :math:`-\Delta u = 0` on the square minus four disks, u = 1 on its sides, 0 on the circles."""
 
     input_dim = 2
+    box = POISSON_BOX
     conditions = ("pde", "outer", "holes")
 
     def pde_residual(self, x: Tensor) -> Tensor:
@@ -77,6 +83,7 @@ class WavePinnacle(PinnacleTask):
     r"""Wave1d-C: :math:`u_{tt} = 4 u_{xx}` on [0, 1]^2, u(0, t) = u(1, t) = 0, u and u_t given at t = 0."""
 
     input_dim = 2
+    box = WAVE_BOX
     conditions = ("pde", "boundary", "initial")
 
     def pde_residual(self, x: Tensor) -> Tensor:
@@ -97,6 +104,7 @@ class HeatPinnacle(PinnacleTask):
     :math:`u(x, y, 0) = \sin(20\pi x)\sin(\pi y)`."""
 
     input_dim = 3
+    box = HEAT_BOX
     conditions = ("pde", "boundary", "initial")
 
     def pde_residual(self, x: Tensor) -> Tensor:

@@ -33,6 +33,8 @@ from torch import Tensor
 
 from lit_constrained.imposed import Imposed, check_count
 from lit_constrained.metrics.relative_l2 import relative_l2_error
+from lit_constrained.physics.features import FourierFeatures
+from lit_constrained.physics.shapes import Box
 from lit_constrained.module import ConstrainedModule
 from lit_constrained.physics.jets import Jet, Pair, sequential_jet
 from lit_constrained.tasks.common import DTypeName, mlp, torch_dtype
@@ -50,6 +52,9 @@ class PinnacleTask(ConstrainedModule):
     Args:
         hidden: width of the hidden layers (PINNacle: 100). depth: hidden layers (PINNacle: 5).
         dtype: ``"float32"`` (PINNacle's) or ``"float64"``; batches are cast to it.
+        fourier_features: K >= 1 puts :class:`~lit_constrained.physics.features.FourierFeatures` of K
+            frequencies over the task's :attr:`box` in front of the MLP (sin and cos of
+            :math:`k\pi s_j`, :math:`s_j` the coordinate scaled to [0, 1]); 0 (default): PINNacle's network.
         imposed_count: None (default): each condition imposed at its ``x_<k>_imposed`` points (the data's
             ``n_<k>_imposed``). ``"auto"`` or an integer: each condition imposed at points the module
             chooses from the objective's own points ``x_<k>`` (``Imposed(..., count=imposed_count)``:
@@ -60,13 +65,21 @@ class PinnacleTask(ConstrainedModule):
     cast_batch_to_dtype = True
     input_dim: int = 2
     conditions: tuple[str, ...] = ("pde",)
+    box: Box | None = None
+    """The bounding box of the problem's domain (the Fourier features' scale)."""
 
     def __init__(self, hidden: int = 100, depth: int = 5, dtype: DTypeName = "float32",
-                 imposed_count: int | Literal["auto"] | None = None, **kwargs: Any) -> None:
+                 imposed_count: int | Literal["auto"] | None = None, fourier_features: int = 0,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_count(imposed_count)
         self.imposed_count = imposed_count
-        self.net = mlp(self.input_dim, hidden, depth, 1)
+        features = None
+        if fourier_features:
+            if self.box is None:
+                raise ValueError(f"{type(self).__name__} has no box: fourier_features needs the domain's bounds.")
+            features = FourierFeatures(self.box.lower, self.box.upper, fourier_features)
+        self.net = mlp(self.input_dim, hidden, depth, 1, features=features)
         self.to(torch_dtype(dtype))
 
     def forward(self, x: Tensor) -> Tensor:
