@@ -15,7 +15,8 @@ layer and an activation. :math:`\cos(\pi s_j)` alone is monotone in :math:`x_j`,
 Why (measured, Intel Xeon, one thread, seed 0): the PINNacle tasks' 100 x 5 tanh MLP fitted by Adam
 (lr 1e-3) to Heat2d-MS's initial condition :math:`\sin(20\pi x)\sin(\pi y)` alone, a plain regression on
 2 048 points, stays at rel. L2 0.99 for 3 000 steps and first falls after (0.77 at 4 000, 0.14 at 7 500);
-with these features of K = 5 frequencies in front it is at 0.17 after 2 000 steps.
+with these features of K = 5 frequencies over [0, 1]^2 x [0, 5] in front it is at 0.26 after 500 steps and
+0.045 after 2 000.
 """
 
 from __future__ import annotations
