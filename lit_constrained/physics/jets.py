@@ -147,13 +147,13 @@ def _activated(streams: Tensor, derivatives: Derivatives, d: int, pairs: tuple[P
 
 def sequential_jet(net: nn.Sequential, x: Tensor, pairs: Sequence[Pair] = ()) -> Jet:
     """The value, gradient and second derivatives ``pairs`` of ``net`` (``nn.Linear``, ``FourierFeatures``
-    and :data:`ACTIVATIONS` layers) at the points ``x`` (N, d), in one forward pass of ``1 + d + len(pairs)`` stacked streams."""
+    and :data:`ACTIVATIONS` layers) at the points ``x`` (N, d), in one forward pass of
+    ``1 + d + len(pairs)`` stacked streams."""
     if not _supported(net):
         kinds = sorted({type(layer).__name__ for layer in net} if isinstance(net, nn.Sequential) else {type(net).__name__})
         activations = sorted(t.__name__ for t in ACTIVATIONS)
         raise TypeError(f"a jet passes through nn.Sequential of nn.Linear, nn.Identity, FourierFeatures and "
-                        f"{activations} layers; "
-                        f"got {kinds}.")
+                        f"{activations} layers; got {kinds}.")
     n, d = x.shape
     pairs = tuple((min(i, j), max(i, j)) for i, j in pairs)
     # streams: 0 the value, 1..d the first derivatives, then the pairs' second derivatives; shape (S, N, width)
