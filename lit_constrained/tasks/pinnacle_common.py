@@ -54,7 +54,7 @@ class PinnacleTask(ConstrainedModule):
         dtype: ``"float32"`` (PINNacle's) or ``"float64"``; batches are cast to it.
         fourier_features: K >= 1 puts :class:`~lit_constrained.physics.features.FourierFeatures` of K
             frequencies over the task's :attr:`box` in front of the MLP (sin and cos of
-            :math:`k\pi s_j`, :math:`s_j` the coordinate scaled to [0, 1]); 0 (default): PINNacle's network.
+            :math:`k \\pi s_j`, :math:`s_j` the coordinate scaled to [0, 1]); 0 (default): PINNacle's network.
         imposed_count: None (default): each condition imposed at its ``x_<k>_imposed`` points (the data's
             ``n_<k>_imposed``). ``"auto"`` or an integer: each condition imposed at points the module
             chooses from the objective's own points ``x_<k>`` (``Imposed(..., count=imposed_count)``:
