@@ -27,6 +27,11 @@ initial weights: their hash is recorded) on the same points (the task's data mod
   gives up on a direction that is not a descent direction) starts the history again (counted in the
   record's ``restarts``);
 
+``--fourier-features K`` builds every variant's network with
+:class:`~lit_constrained.physics.features.FourierFeatures` of K frequencies over the problem's box in
+front (the task's ``fourier_features``; recorded in the record and its key; 0, the default: PINNacle's
+network).
+
 Equal steps AND equal CPU time: the recommended (and/or auto) run goes first; ``adam`` and ``lbfgs`` then
 run until both ``--steps`` steps and the longer of those runs' CPU time in ``--out`` (``time.process_time``,
 the evaluations left out) are reached. Every ``--every`` steps the test error is recorded with the CPU time so far, so one
@@ -35,7 +40,7 @@ record within the recommended run's CPU time).
 
 Records: one JSON line per run in ``--out`` (default ``benchmarks/results/pinnacle/runs.jsonl``),
 appended as each run finishes; a restart skips the runs already there (same problem, variant, steps,
-points and seed). A run in progress leaves a snapshot every ``--snapshot-every`` steps (its Lightning
+points, seed and Fourier features). A run in progress leaves a snapshot every ``--snapshot-every`` steps (its Lightning
 checkpoint, or L-BFGS's model and optimizer state, and the trajectory and CPU time so far, under
 ``<out>.partial/``); a restart continues it from there, so a 20 000-step run survives being stopped::
 
