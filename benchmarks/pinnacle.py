@@ -354,6 +354,11 @@ def run_key(problem: str, variant: str, steps: int, points: dict[str, int], seed
     return json.dumps(key, sort_keys=True)
 
 
+def fourier_features_of(record: dict[str, Any]) -> int:
+    """The record's ``--fourier-features`` (0: PINNacle's network, and every record from before the option)."""
+    return int(record.get("fourier_features", 0))
+
+
 def load(out: Path) -> list[dict[str, Any]]:
     if not out.exists():
         return []
@@ -440,7 +445,7 @@ def report(records: list[dict[str, Any]]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, int, str, int], dict[str, dict[str, Any]]] = {}
     for r in records:
-        group = (r["problem"], r["steps"], json.dumps(r["points"], sort_keys=True), r["seed"], r.get("fourier_features", 0))
+        group = (r["problem"], r["steps"], json.dumps(r["points"], sort_keys=True), r["seed"], fourier_features_of(r))
         groups.setdefault(group, {})[r["variant"]] = r
     for (problem, steps, points, seed, features), runs in groups.items():
         rec = runs.get("recommended")
@@ -507,14 +512,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{problem} {variant}: the recommended configuration's points, skipped", flush=True)
             continue
         records = load(args.out)
-        done = {run_key(r["problem"], r["variant"], r["steps"], r["points"], r["seed"], r.get("fourier_features", 0))
+        done = {run_key(r["problem"], r["variant"], r["steps"], r["points"], r["seed"], fourier_features_of(r))
                 for r in records}
         key = run_key(problem, variant, args.steps, points, args.seed, args.fourier_features)
         if key in done:
             print(f"{problem} {variant}: recorded already, skipped", flush=True)
             continue
         budget = max([r["trajectory"][-1][1] for r in records if r["variant"] in ("recommended", "auto") and
-                      (r["problem"], r["steps"], r["points"], r["seed"], r.get("fourier_features", 0))
+                      (r["problem"], r["steps"], r["points"], r["seed"], fourier_features_of(r))
                       == (problem, args.steps, points, args.seed, args.fourier_features)], default=0.0)
         timed_against = variant in ("adam", "lbfgs")
         snapshot = Snapshot(args.out.with_name(args.out.name + ".partial"), key, args.snapshot_every)

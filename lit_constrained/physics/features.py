@@ -65,8 +65,9 @@ class FourierFeatures(nn.Module):
                     row[j] = scale
                     rows.append(row)
                     offsets.append(phase - scale * float(a))
-        self.register_buffer("weight", torch.tensor(rows, dtype=dtype or torch.get_default_dtype()))
-        self.register_buffer("bias", torch.tensor(offsets, dtype=dtype or torch.get_default_dtype()))
+        dtype = dtype or torch.get_default_dtype()
+        self.register_buffer("weight", torch.tensor(rows, dtype=dtype))
+        self.register_buffer("bias", torch.tensor(offsets, dtype=dtype))
 
     @property
     def out_features(self) -> int:
