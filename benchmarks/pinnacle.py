@@ -29,8 +29,8 @@ initial weights: their hash is recorded) on the same points (the task's data mod
 
 ``--fourier-features K`` builds every variant's network with
 :class:`~lit_constrained.physics.features.FourierFeatures` of K frequencies over the problem's box in
-front (the task's ``fourier_features``; recorded in the record and its key; 0, the default: PINNacle's
-network).
+front (the task's ``fourier_features``; default the tasks' own, 5; recorded in the record and its key
+when not 0; 0: PINNacle's network, the one of every record from before the option).
 
 Equal steps AND equal CPU time: the recommended (and/or auto) run goes first; ``adam`` and ``lbfgs`` then
 run until both ``--steps`` steps and the longer of those runs' CPU time in ``--out`` (``time.process_time``,
@@ -73,6 +73,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from harness import quiet  # noqa: E402
 from machine import cpu_model  # noqa: E402
+
+from lit_constrained.tasks.pinnacle_common import DEFAULT_FOURIER_FEATURES  # noqa: E402
 
 PROBLEMS = ("poisson", "burgers", "wave", "heat")
 PINNACLE_NAMES = {"burgers": "Burgers1d-C", "poisson": "Poisson2d-C", "wave": "Wave1d-C", "heat": "Heat2d-MS"}
@@ -155,7 +157,7 @@ def lr_schedule(variant: str, steps: int, lr: float, spec: dict[str, Any] | None
 
 
 def build(problem: str, variant: str, points: dict[str, int], seed: int, steps: int,
-          fourier_features: int = 0) -> tuple[Any, Any]:
+          fourier_features: int = DEFAULT_FOURIER_FEATURES) -> tuple[Any, Any]:
     """The task (seeded: the same initial weights for every variant) and its data for ``variant``
     (``fourier_features``: the task's argument, 0 PINNacle's network)."""
     task_cls, data_cls = classes(problem)
@@ -170,8 +172,7 @@ def build(problem: str, variant: str, points: dict[str, int], seed: int, steps: 
     torch.manual_seed(seed)
     scheduler = lr_schedule(variant, steps, optimizer["init_args"]["lr"], rec["lr_scheduler"])
     extra: dict[str, Any] = {"imposed_count": "auto"} if base == "auto" else {}
-    if fourier_features:
-        extra["fourier_features"] = fourier_features
+    extra["fourier_features"] = fourier_features
     if suffix == "const" or (is_constrained(base) and scheduler is None and base != "auto"):
         extra["lr_decay"] = "none"  # a constant lr, as the variant names (the module's default would decay it)
     model = task_cls(optimizer=optimizer, lr_scheduler=scheduler, num_threads=1, **extra)
@@ -389,7 +390,7 @@ def code_version() -> str:
 
 
 def run_one(problem: str, variant: str, steps: int, points: dict[str, int], seed: int, every: int,
-            cpu_budget: float, snapshot: Snapshot, fourier_features: int = 0) -> dict[str, Any]:
+            cpu_budget: float, snapshot: Snapshot, fourier_features: int = DEFAULT_FOURIER_FEATURES) -> dict[str, Any]:
     model, data = build(problem, variant, points, seed, steps, fourier_features)
     record: dict[str, Any] = {"code": code_version(), "torch": torch.__version__, "problem": problem, "pinnacle": PINNACLE_NAMES[problem], "variant": variant,
                               "steps": steps, "points": points, "seed": seed, "weights": weights_hash(model),
@@ -482,8 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-initial", type=int, default=None,
                         help="default: the recommended config's (256; Heat2d-MS 2 048)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--fourier-features", type=int, default=0, metavar="K",
-                        help="the tasks' fourier_features (K frequencies over the domain's box; 0: PINNacle's network)")
+    parser.add_argument("--fourier-features", type=int, default=DEFAULT_FOURIER_FEATURES, metavar="K",
+                        help="the tasks' fourier_features (K frequencies over the domain's box; default the "
+                             f"tasks' own, {DEFAULT_FOURIER_FEATURES}; 0: PINNacle's network)")
     parser.add_argument("--every", type=int, default=100, help="record the test error every N steps")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--snapshot-every", type=int, default=500,

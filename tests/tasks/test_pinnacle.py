@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from lit_constrained.jacobians import constraint_jacobian
+from lit_constrained.physics.features import FourierFeatures
 from lit_constrained.tasks import pinnacle
 from lit_constrained.tasks.pinnacle import BurgersPinnacle, HeatPinnacle, PinnacleData, PoissonPinnacle, WavePinnacle
 from lit_constrained.tasks.pinnacle_burgers_data import NU, burgers_exact
@@ -189,9 +190,18 @@ def test_a_short_fit_with_sqp_adam_imposes_the_conditions(problem):
 def test_the_pinnacle_names_map_to_the_tasks():
     assert set(pinnacle.PINNACLE_NAMES) == {"Burgers1d-C", "Poisson2d-C", "Wave1d-C", "Heat2d-MS"}
     assert all(issubclass(t, pinnacle.PinnacleTask) for t in pinnacle.PINNACLE_NAMES.values())
-    model = PoissonPinnacle()
+    model = PoissonPinnacle(fourier_features=0)  # PINNacle's network
     assert [p.shape for p in model.net.parameters()][:2] == [torch.Size([100, 2]), torch.Size([100])]
     assert sum(isinstance(m, torch.nn.Tanh) for m in model.net) == 5
+
+
+def test_the_default_network_puts_five_fourier_features_in_front():
+    model = PoissonPinnacle()
+    features = model.net[0]
+    assert isinstance(features, FourierFeatures) and features.frequencies == 5
+    assert features.out_features == 2 * 2 * 5  # sin and cos of K = 5 frequencies per coordinate, d = 2
+    assert [p.shape for p in model.net.parameters()][:1] == [torch.Size([100, 20])]
+    assert not list(features.parameters())  # fixed: buffers, nothing to train
 
 
 PINNACLE_CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").glob("pinnacle_*/**/*.yaml")
