@@ -108,7 +108,8 @@ FIGURE_CHECKERS: dict[str, str] = {
         "tests/callbacks/test_lipschitz.py::test_central_claim_measured"),
     r"to 1e-12 \(float64": "tests/test_ddp.py::test_two_processes_equal_one_process_on_the_union",
     r"At 2 000 steps on 1 024 / 256 / 256 points the defaults beat plain Adam.*?impose 25-250\.": (
-        "benchmarks/pinnacle.py --variants auto,adam [--fourier-features 5], then --report (docs/pinnacle.md's commands)"),
+        "benchmarks/pinnacle.py --variants auto,adam [--fourier-features 0 for PINNacle's network], then --report "
+        "(docs/pinnacle.md's commands)"),
     r"1\.5-4x faster than nested forward-mode AD": "benchmarks/bench_jets.py",
 }
 # Numbers that are settings, sizes of an example or derived estimates, not measurements (with why).
