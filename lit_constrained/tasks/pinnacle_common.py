@@ -49,7 +49,7 @@ time, docs/pinnacle.md "Against the targets"), with K = 5 the imposed runs win 3
 both seeds and lower every constrained error on seed 0 (Wave1d-C 0.389 against 1.02 with PINNacle's
 network, Burgers1d-C 0.283 against 0.341, Poisson2d-C 1.91e-2 against 3.45e-2, Heat2d-MS 0.619 against
 1.06); with PINNacle's network they win 1 of 4. As the default, on an AMD EPYC (package 95fe818): 3 of 4 on
-both seeds again (Heat2d-MS loses). The same K for every problem: nothing is chosen per problem."""
+seeds 0 and 1 again, 2 of 4 on seed 2 (Heat2d-MS loses on all three, Burgers1d-C narrowly on seed 2). The same K for every problem: nothing is chosen per problem."""
 
 
 class PinnacleTask(ConstrainedModule):
